@@ -1,0 +1,345 @@
+"""The HTTP API: start runs, read them, answer their interrupts. OpenAPI at /api/openapi.json.
+
+Every endpoint is scoped to the team of the bearer token: another team's ids are 404, as if
+they did not exist. ``state`` appears in no response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from datetime import datetime
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+from ninja import NinjaAPI, Query, Schema
+from ninja.errors import HttpError
+from ninja.security import HttpBearer
+from pydantic import Field
+
+from actions import runner
+from actions.core import UnknownAction, registry
+from actions.models import ApiToken, Interrupt, Run
+
+
+class TokenAuth(HttpBearer):
+    def authenticate(self, request: HttpRequest, token: str) -> ApiToken | None:
+        return ApiToken.authenticate(token)
+
+
+api = NinjaAPI(
+    title="Grundlag approvals",
+    version="1.0",
+    description="Start actions, read their runs, and answer the interrupts they pause on.",
+    auth=TokenAuth(),
+    urls_namespace="api",
+)
+
+
+# Schemas
+
+
+class ActionOut(Schema):
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    answer_schema: dict[str, Any] | None
+
+
+class InterruptOut(Schema):
+    id: int
+    seq: int
+    message: str
+    data: Any
+    tool_call_id: str = ""
+    resume_url: str
+    reject_url: str
+
+
+class RunOut(Schema):
+    id: int
+    action: str
+    consumer: str
+    status: str
+    output: Any
+    error: str
+    interrupt: InterruptOut | None
+
+
+class TranscriptEntry(Schema):
+    id: int
+    seq: int
+    message: str
+    data: Any
+    status: str
+    answer: Any
+    reason: str
+    decided_by: str | None
+    decided_at: datetime | None
+    created_at: datetime
+
+
+class RunDetailOut(RunOut):
+    transcript: list[TranscriptEntry]
+
+
+class InterruptListItem(Schema):
+    id: int
+    run_id: int
+    seq: int
+    action: str
+    message: str
+    data: Any
+    status: str
+    created_at: datetime
+    decided_by: str | None
+    decided_at: datetime | None
+
+
+class RunIn(Schema):
+    action: str = Field(min_length=1, max_length=200)
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class ResumeIn(Schema):
+    data: Any = None
+
+
+class RejectIn(Schema):
+    error: str = Field(min_length=1, max_length=10_000)
+
+
+class Error(Schema):
+    detail: Any
+
+
+class DecidedError(Schema):
+    detail: str
+    status: str
+    decided_by: str
+    decided_at: datetime | None
+
+
+# Errors: always JSON with a "detail".
+
+
+@api.exception_handler(runner.AlreadyDecided)
+def already_decided(request: HttpRequest, exc: runner.AlreadyDecided) -> HttpResponse:
+    it = exc.interrupt
+    body = {
+        "detail": str(exc),
+        "status": it.status,
+        "decided_by": it.decided_by_name,
+        "decided_at": it.decided_at,
+    }
+    return api.create_response(request, body, status=409)
+
+
+@api.exception_handler(runner.InvalidInput)
+def invalid_input(request: HttpRequest, exc: runner.InvalidInput) -> HttpResponse:
+    return api.create_response(request, {"detail": exc.errors, "message": str(exc)}, status=422)
+
+
+@api.exception_handler(runner.PayloadTooLarge)
+def too_large(request: HttpRequest, exc: runner.PayloadTooLarge) -> HttpResponse:
+    return api.create_response(request, {"detail": str(exc)}, status=413)
+
+
+@api.exception_handler(UnknownAction)
+def unknown_action(request: HttpRequest, exc: UnknownAction) -> HttpResponse:
+    return api.create_response(request, {"detail": str(exc)}, status=404)
+
+
+# Serialising
+
+
+def interrupt_out(request: HttpRequest, it: Interrupt) -> dict[str, Any]:
+    return {
+        "id": it.pk,
+        "seq": it.seq,
+        "message": it.message,
+        "data": it.data,
+        "tool_call_id": it.tool_call_id,
+        "resume_url": request.build_absolute_uri(reverse("api:resume_interrupt", args=[it.pk])),
+        "reject_url": request.build_absolute_uri(reverse("api:reject_interrupt", args=[it.pk])),
+    }
+
+
+def run_out(request: HttpRequest, run: Run, *, transcript: bool = False) -> dict[str, Any]:
+    interrupts = list(run.interrupts.order_by("seq"))
+    pending = next((it for it in interrupts if it.status == Interrupt.Status.PENDING), None)
+    body: dict[str, Any] = {
+        "id": run.pk,
+        "action": run.action,
+        "consumer": run.consumer,
+        "status": run.status,
+        "output": run.output,
+        "error": run.error,
+        "interrupt": interrupt_out(request, pending) if pending else None,
+    }
+    if transcript:
+        body["transcript"] = [transcript_entry(it) for it in interrupts]
+    return body
+
+
+def transcript_entry(it: Interrupt) -> dict[str, Any]:
+    return {
+        "id": it.pk,
+        "seq": it.seq,
+        "message": it.message,
+        "data": it.data,
+        "status": it.status,
+        "answer": it.answer,
+        "reason": it.reason,
+        "decided_by": it.decided_by_name or None,
+        "decided_at": it.decided_at,
+        "created_at": it.created_at,
+    }
+
+
+def get_run(token: ApiToken, run_id: int, consumer: str | None = None) -> Run:
+    runs = Run.objects.filter(team=token.team_id)
+    if consumer:
+        runs = runs.filter(consumer=consumer)
+    run = runs.filter(pk=run_id).first()
+    if run is None:
+        raise HttpError(404, "Not Found")
+    return run
+
+
+def get_interrupt(token: ApiToken, interrupt_id: int) -> Interrupt:
+    it = Interrupt.objects.filter(pk=interrupt_id, team=token.team_id).first()
+    if it is None:
+        raise HttpError(404, "Not Found")
+    return it
+
+
+# Waiting: `Prefer: wait=N` (RFC 7240) holds the response until the run settles.
+
+_WAIT = re.compile(r"\bwait\s*=\s*(\d+)", re.IGNORECASE)
+
+
+def requested_wait(request: HttpRequest) -> float:
+    match = _WAIT.search(request.headers.get("Prefer", ""))
+    if not match:
+        return 0.0
+    return float(min(int(match.group(1)), settings.GRUNDLAG_MAX_WAIT_SECONDS))
+
+
+async def settled_response(
+    request: HttpRequest, run_id: int, render: Any = run_out
+) -> tuple[int, dict[str, Any]]:
+    """Wait (asynchronously: no thread is held) for the run to settle, then describe it.
+
+    Callers wait on the database row, the truth, not on a task result or a push."""
+    deadline = time.monotonic() + requested_wait(request)
+    delay = 0.01
+    while True:
+        status = await Run.objects.filter(pk=run_id).values_list("status", flat=True).aget()
+        if status in Run.SETTLED or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
+        delay = min(delay * 2, 0.1)
+
+    def describe() -> tuple[int, dict[str, Any]]:
+        run = Run.objects.get(pk=run_id)
+        return (200 if run.is_settled else 202), render(request, run)
+
+    return await sync_to_async(describe)()
+
+
+# Endpoints
+
+
+@api.get("/actions", response=list[ActionOut], tags=["actions"])
+def list_actions(request: HttpRequest) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": act.name,
+            "description": act.description,
+            "input_schema": act.input_schema(),
+            "answer_schema": act.answer_schema(),
+        }
+        for act in registry.all()
+    ]
+
+
+@api.post(
+    "/runs",
+    response={200: RunOut, 202: RunOut, 404: Error, 413: Error, 422: Error},
+    tags=["runs"],
+)
+async def create_run(request: HttpRequest, payload: RunIn) -> tuple[int, dict[str, Any]]:
+    """Start a run of an action in the token's team. `Prefer: wait=N` waits up to N seconds
+    (at most 30) for it to settle: 200 when it has, 202 while it is still queued or running."""
+    token: ApiToken = request.auth  # type: ignore[attr-defined]
+
+    def start() -> Run:
+        return runner.start_run(payload.action, payload.input, token.team, token, Run.Consumer.API)
+
+    run = await sync_to_async(start)()
+    return await settled_response(request, run.pk)
+
+
+@api.get("/runs/{run_id}", response={200: RunDetailOut, 404: Error}, tags=["runs"])
+def read_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
+    return run_out(request, get_run(request.auth, run_id), transcript=True)  # type: ignore[arg-type]
+
+
+@api.get("/interrupts", response=list[InterruptListItem], tags=["interrupts"])
+def list_interrupts(
+    request: HttpRequest,
+    status: Interrupt.Status | None = None,
+    limit: int = Query(100, ge=1, le=500),
+) -> list[dict[str, Any]]:
+    """The team's interrupts, newest first; filter with `?status=pending`."""
+    token: ApiToken = request.auth  # type: ignore[assignment]
+    interrupts = Interrupt.objects.filter(team=token.team_id).order_by("-created_at", "-id")
+    if status:
+        interrupts = interrupts.filter(status=status)
+    return [
+        {**transcript_entry(it), "run_id": it.run_id, "action": it.action}
+        for it in interrupts[:limit]
+    ]
+
+
+@api.post(
+    "/interrupts/{interrupt_id}/resume",
+    response={200: RunOut, 202: RunOut, 404: Error, 409: DecidedError, 413: Error, 422: Error},
+    url_name="resume_interrupt",
+    tags=["interrupts"],
+)
+async def resume_interrupt(
+    request: HttpRequest, interrupt_id: int, payload: ResumeIn
+) -> tuple[int, dict[str, Any]]:
+    """Answer a pending interrupt; the run re-runs its action with `data` as the answer."""
+    token: ApiToken = request.auth  # type: ignore[attr-defined]
+
+    def decide() -> Interrupt:
+        return runner.resume(get_interrupt(token, interrupt_id), payload.data, token)
+
+    it = await sync_to_async(decide)()
+    return await settled_response(request, it.run_id)
+
+
+@api.post(
+    "/interrupts/{interrupt_id}/reject",
+    response={200: RunOut, 202: RunOut, 404: Error, 409: DecidedError, 413: Error, 422: Error},
+    url_name="reject_interrupt",
+    tags=["interrupts"],
+)
+async def reject_interrupt(
+    request: HttpRequest, interrupt_id: int, payload: RejectIn
+) -> tuple[int, dict[str, Any]]:
+    """Reject a pending interrupt with a reason: an action's run ends `rejected`."""
+    token: ApiToken = request.auth  # type: ignore[attr-defined]
+
+    def decide() -> Interrupt:
+        return runner.reject(get_interrupt(token, interrupt_id), payload.error, token)
+
+    it = await sync_to_async(decide)()
+    return await settled_response(request, it.run_id)

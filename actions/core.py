@@ -1,0 +1,278 @@
+"""The interrupt contract: how an action pauses itself and how it is resumed.
+
+This module imports nothing from Django, so the contract can be read, used and tested alone.
+
+An action raises :class:`ActionInterrupt` to pause. Whoever drives it (the dashboard, the HTTP
+API, an agent loop, a sandboxed script) catches the interrupt through :func:`invoke`, stores it,
+and later calls the same action again from the top with ``ctx.resumption`` set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import json
+import math
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from pydantic import BaseModel, ValidationError
+
+__all__ = [
+    "Action",
+    "ActionContext",
+    "ActionError",
+    "ActionInterrupt",
+    "ActionResumption",
+    "Completed",
+    "Failed",
+    "Interrupted",
+    "Outcome",
+    "UnknownAction",
+    "action",
+    "invoke",
+    "json_problem",
+    "registry",
+]
+
+
+def json_problem(value: Any, path: str = "$") -> str | None:
+    """Say why ``value`` cannot be stored as JSON, or return None when it can.
+
+    The answer names the offending value by its path (``$.items[2]``), so the author of an
+    action learns which part of their payload is wrong, not merely that one is.
+    """
+    if value is None or isinstance(value, (bool, str, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path} is {value!r}, which JSON cannot represent"
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            if problem := json_problem(item, f"{path}[{index}]"):
+                return problem
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{path} has a key {key!r} of type {type(key).__name__}; JSON keys are strings"
+            if problem := json_problem(item, f"{path}.{key}"):
+                return problem
+        return None
+    return f"{path} is a {type(value).__name__}, which is not JSON-serialisable"
+
+
+class ActionError(Exception):
+    """Raised by an action to fail its run with exactly this message (no exception type)."""
+
+
+class ActionInterrupt(Exception):  # noqa: N818 - the name is the contract
+    """Raised by an action to pause until a person (or a calling program) answers.
+
+    ``message`` is human text saying why; ``data`` is what the caller sees and must satisfy;
+    ``state`` is the action's private checkpoint, persisted with the interrupt, never shown to
+    anyone, and handed back verbatim in ``ctx.resumption.state``. Both must be JSON: a value
+    that is not fails here, at raise time, where the traceback points at the culprit.
+    """
+
+    def __init__(self, message: str, data: Any = None, state: Any = None) -> None:
+        if not isinstance(message, str) or not message.strip():
+            raise TypeError("ActionInterrupt needs a non-empty message string")
+        for name, value in (("data", data), ("state", state)):
+            if problem := json_problem(value, name):
+                raise TypeError(f"ActionInterrupt {name} must be JSON-serialisable: {problem}")
+        super().__init__(message)
+        self.message = message
+        self.data = data
+        self.state = state
+
+
+@dataclass(frozen=True)
+class ActionResumption:
+    """What a resumed action receives: the answer, and the checkpoint it saved when it paused."""
+
+    data: Any
+    state: Any = None
+
+
+@dataclass(frozen=True)
+class ActionContext:
+    input: Any
+    resumption: ActionResumption | None = None
+    run_id: int | None = None
+
+
+Execute: TypeAlias = Callable[[ActionContext], Any] | Callable[[ActionContext], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Action:
+    name: str
+    execute: Execute
+    input_model: type[BaseModel]
+    answer_model: type[BaseModel] | None = None
+    description: str = ""
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.execute)
+
+    def input_schema(self) -> dict[str, Any]:
+        return self.input_model.model_json_schema()
+
+    def answer_schema(self) -> dict[str, Any] | None:
+        return self.answer_model.model_json_schema() if self.answer_model else None
+
+    def validate_answer(self, answer: Any) -> Any:
+        """Validate a reviewer's answer; returns it as JSON. Raises pydantic.ValidationError."""
+        if self.answer_model is None:
+            return answer
+        return self.answer_model.model_validate(answer).model_dump(mode="json")
+
+    def __call__(self, ctx: ActionContext) -> Any:
+        return self.execute(ctx)
+
+
+class UnknownAction(LookupError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no action named {name!r}")
+        self.name = name
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._actions: dict[str, Action] = {}
+
+    def register(self, act: Action) -> Action:
+        existing = self._actions.get(act.name)
+        if existing is not None and existing.execute is not act.execute:
+            qualname = getattr(existing.execute, "__qualname__", existing.execute)
+            raise ValueError(f"an action named {act.name!r} is already registered ({qualname})")
+        self._actions[act.name] = act
+        return act
+
+    def get(self, name: str) -> Action:
+        try:
+            return self._actions[name]
+        except KeyError:
+            raise UnknownAction(name) from None
+
+    def all(self) -> list[Action]:
+        return sorted(self._actions.values(), key=lambda act: act.name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._actions
+
+    def __iter__(self) -> Iterator[Action]:
+        return iter(self.all())
+
+
+registry = Registry()
+
+
+def action(
+    name: str | None = None,
+    *,
+    input: type[BaseModel],  # noqa: A002 - the contract's name for it
+    answer: type[BaseModel] | None = None,
+    description: str | None = None,
+) -> Callable[[Execute], Action]:
+    """Register ``execute(ctx)`` (sync or async) as an action and return the :class:`Action`."""
+
+    def decorate(execute: Execute) -> Action:
+        doc = inspect.getdoc(execute) or ""
+        act = Action(
+            name=name or execute.__name__,
+            execute=execute,
+            input_model=input,
+            answer_model=answer,
+            description=description if description is not None else doc,
+        )
+        return registry.register(act)
+
+    return decorate
+
+
+@dataclass(frozen=True)
+class Completed:
+    output: Any
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    message: str
+    data: Any
+    state: Any
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: str
+    # Pydantic's error list when the input was invalid, for callers that show field errors.
+    field_errors: list[dict[str, Any]] | None = None
+
+
+Outcome: TypeAlias = Completed | Interrupted | Failed
+
+
+def field_errors(exc: ValidationError) -> list[dict[str, Any]]:
+    """Pydantic's errors reduced to what is JSON and useful to a caller: where, what, why."""
+    return [
+        {"loc": list(error["loc"]), "msg": error["msg"], "type": error["type"]}
+        for error in exc.errors(include_url=False, include_context=False, include_input=False)
+    ]
+
+
+def _describe_errors(errors: list[dict[str, Any]]) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in errors)
+
+
+def _run_coroutine(coroutine: Awaitable[Any]) -> Any:
+    async def main() -> Any:
+        return await coroutine
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main())
+    # Called from inside an event loop (an async consumer): run the action on its own loop
+    # in a helper thread rather than blocking or re-entering the caller's loop.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, main()).result()
+
+
+def invoke(
+    act: Action | str,
+    input: Any,  # noqa: A002
+    resumption: ActionResumption | None = None,
+    *,
+    run_id: int | None = None,
+) -> Outcome:
+    """Run an action once and say how it ended. Never raises for anything the action does."""
+    if isinstance(act, str):
+        act = registry.get(act)
+    try:
+        validated = act.input_model.model_validate(input)
+    except ValidationError as exc:
+        errors = field_errors(exc)
+        return Failed(f"invalid input: {_describe_errors(errors)}", field_errors=errors)
+
+    ctx = ActionContext(input=validated, resumption=resumption, run_id=run_id)
+    try:
+        result = act.execute(ctx)
+        if inspect.isawaitable(result):
+            result = _run_coroutine(result)
+    except ActionInterrupt as interrupt:
+        return Interrupted(interrupt.message, interrupt.data, interrupt.state)
+    except ActionError as exc:
+        return Failed(str(exc))
+    except Exception as exc:
+        return Failed(f"{type(exc).__name__}: {exc}")
+
+    if isinstance(result, BaseModel):
+        result = result.model_dump(mode="json")
+    if problem := json_problem(result, "output"):
+        return Failed(f"the action's output must be JSON-serialisable: {problem}")
+    # Round-trip through JSON so what the caller sees now is what the database will return.
+    return Completed(json.loads(json.dumps(result)))

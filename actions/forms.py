@@ -1,0 +1,107 @@
+"""Django forms generated from an action's JSON Schema (its pydantic input or answer model).
+
+The pydantic model stays the authority: the form renders fields and parses browser strings,
+then the model validates, and its errors are put back on the fields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+MAX_TEXT_INPUT = 200
+
+
+def _resolve(prop: dict[str, Any], schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Follow $ref and unwrap Optional[...] (anyOf with null). Returns (property, nullable)."""
+    nullable = False
+    if "anyOf" in prop:
+        options = [p for p in prop["anyOf"] if p.get("type") != "null"]
+        nullable = len(options) < len(prop["anyOf"])
+        if len(options) == 1:
+            prop = {**prop, **options[0]}
+            prop.pop("anyOf", None)
+    if "$ref" in prop:
+        name = prop["$ref"].rsplit("/", 1)[-1]
+        prop = {**schema.get("$defs", {}).get(name, {}), **{k: v for k, v in prop.items() if k != "$ref"}}
+    return prop, nullable
+
+
+def _field(prop: dict[str, Any], required: bool) -> forms.Field:
+    common: dict[str, Any] = {
+        "required": required,
+        "label": prop.get("title"),
+        "help_text": prop.get("description", ""),
+    }
+    if "default" in prop:
+        common["initial"] = prop["default"]
+    kind = prop.get("type")
+    if "enum" in prop:
+        choices = [(value, str(value)) for value in prop["enum"]]
+        return forms.TypedChoiceField(choices=choices, coerce=type(prop["enum"][0]), **common)
+    if kind == "boolean":
+        return forms.BooleanField(**{**common, "required": False})
+    if kind == "integer":
+        return forms.IntegerField(min_value=prop.get("minimum"), max_value=prop.get("maximum"), **common)
+    if kind == "number":
+        return forms.FloatField(min_value=prop.get("minimum"), max_value=prop.get("maximum"), **common)
+    if kind == "string":
+        max_length = prop.get("maxLength")
+        widget = forms.Textarea(attrs={"rows": 4}) if (max_length or 10_000) > MAX_TEXT_INPUT else None
+        return forms.CharField(
+            max_length=max_length, min_length=prop.get("minLength"), widget=widget, strip=True, **common
+        )
+    # Objects, arrays and unions: typed as JSON, validated by the model.
+    return forms.JSONField(widget=forms.Textarea(attrs={"rows": 4, "class": "json"}), **common)
+
+
+class SchemaForm(forms.Form):
+    schema: dict[str, Any] = {}
+
+    def payload(self) -> dict[str, Any]:
+        """The cleaned values to hand to the model; empty optional fields are left out so the
+        model's defaults apply."""
+        data = {}
+        for name, value in self.cleaned_data.items():
+            if value in (None, "") and not self.fields[name].required:
+                continue
+            data[name] = value
+        return data
+
+    def add_model_errors(self, errors: list[dict[str, Any]]) -> None:
+        for error in errors:
+            loc = error.get("loc") or []
+            field = str(loc[0]) if loc and str(loc[0]) in self.fields else None
+            self.add_error(field, error["msg"])
+
+
+def form_for_schema(schema: dict[str, Any]) -> type[SchemaForm]:
+    fields: dict[str, Any] = {"schema": schema}
+    required = set(schema.get("required", []))
+    for name, raw in schema.get("properties", {}).items():
+        prop, nullable = _resolve(raw, schema)
+        fields[name] = _field(prop, name in required and not nullable)
+    return type("SchemaForm", (SchemaForm,), fields)
+
+
+class ApprovalForm(forms.Form):
+    """Approval for actions without an answer model: resumes with {"approved": true, ...}."""
+
+    comment = forms.CharField(
+        required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2}), help_text="Optional"
+    )
+
+    def payload(self) -> dict[str, Any]:
+        return {"approved": True, "comment": self.cleaned_data["comment"]}
+
+    def add_model_errors(self, errors: list[dict[str, Any]]) -> None:
+        for error in errors:
+            self.add_error(None, error["msg"])
+
+
+class RejectForm(forms.Form):
+    reason = forms.CharField(
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Required. The run ends rejected with this reason.",
+    )

@@ -1,0 +1,54 @@
+"""Pushes to reviewers' browsers. A push is a hint: pages refetch over HTTP on every
+(re)connect, so a push that is lost (a restart, a dropped socket) loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+logger = logging.getLogger(__name__)
+
+# The event loop that serves the websockets. With the in-memory channel layer, a push from
+# another thread (the embedded worker) must be handed to that loop: the layer's queues are
+# plain asyncio objects and would not wake a consumer waiting on another loop.
+_home_loop: asyncio.AbstractEventLoop | None = None
+
+
+def bind_loop(loop: asyncio.AbstractEventLoop) -> None:
+    global _home_loop
+    _home_loop = loop
+
+
+def team_group(team_id: int) -> str:
+    return f"team-{team_id}"
+
+
+def notify_team(team_id: int, event: str, **payload: Any) -> None:
+    """Tell every connected reviewer of the team that something changed. Never raises."""
+    message = {"type": "inbox.changed", "event": event, **payload}
+    try:
+        _group_send(team_group(team_id), message)
+    except Exception:
+        logger.warning("push to team %s failed; clients catch up on reconnect", team_id, exc_info=True)
+
+
+def _group_send(group: str, message: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    loop = _home_loop
+    if loop is not None and loop.is_running() and not loop.is_closed():
+        try:
+            current = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        if current is loop:
+            loop.create_task(layer.group_send(group, message))
+        else:
+            asyncio.run_coroutine_threadsafe(layer.group_send(group, message), loop)
+        return
+    async_to_sync(layer.group_send)(group, message)

@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from actions import runner
+
+
+class Command(BaseCommand):
+    help = "Re-queue runs left stuck by a dead worker or a lost message (run periodically)."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        count = runner.sweep()
+        self.stdout.write(f"re-queued {count} run(s)")

@@ -1,0 +1,288 @@
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import models
+from django.urls import reverse
+from django.utils import timezone
+
+
+class Team(models.Model):
+    """A shared inbox. Its members are the reviewers of its interrupts."""
+
+    name = models.CharField(max_length=100)
+    slug = models.SlugField(max_length=100, unique=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="teams", blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def group_name(self) -> str:
+        """The Channels group every connected reviewer of this team listens on."""
+        return f"team-{self.pk}"
+
+
+def hash_token(key: str) -> str:
+    # Tokens are 256 random bits, so a fast hash is enough: there is nothing to brute-force.
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class ApiToken(models.Model):
+    """A bearer token for the HTTP API. It acts for one team; only its hash is stored."""
+
+    team = models.ForeignKey(Team, models.CASCADE, related_name="tokens")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=12, editable=False)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["team", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @classmethod
+    def issue(cls, team: Team, name: str) -> tuple[ApiToken, str]:
+        """Create a token and return it with its key, which is shown once and never stored."""
+        key = "gl_" + secrets.token_urlsafe(32)
+        token = cls.objects.create(team=team, name=name, prefix=key[:10], key_hash=hash_token(key))
+        return token, key
+
+    @classmethod
+    def authenticate(cls, key: str) -> ApiToken | None:
+        token = (
+            cls.objects.select_related("team")
+            .filter(key_hash=hash_token(key), revoked_at=None)
+            .first()
+        )
+        if token is not None:
+            now = timezone.now()
+            # Written at most once a minute: a busy client must not turn reads into writes.
+            if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+                cls.objects.filter(pk=token.pk).update(last_used_at=now)
+                token.last_used_at = now
+        return token
+
+    def revoke(self) -> None:
+        ApiToken.objects.filter(pk=self.pk, revoked_at=None).update(revoked_at=timezone.now())
+        self.refresh_from_db(fields=["revoked_at"])
+
+
+Actor = AbstractBaseUser | AnonymousUser | ApiToken | None
+
+
+def actor_name(by: Actor) -> str:
+    if isinstance(by, ApiToken):
+        return f"API token {by.name}"
+    if by is None or not by.is_authenticated:
+        return "system"
+    return str(by.get_username())
+
+
+def actor_user(by: Actor) -> Any:
+    if isinstance(by, ApiToken) or by is None or not by.is_authenticated:
+        return None
+    return by
+
+
+class Run(models.Model):
+    """One invocation of an action, an agent conversation or a script, from start to end."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        INTERRUPTED = "interrupted"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        REJECTED = "rejected"
+        CANCELLED = "cancelled"
+
+    class Consumer(models.TextChoices):
+        DASHBOARD = "dashboard"
+        API = "api"
+        AGENT = "agent"
+        SANDBOX = "sandbox"
+
+    SETTLED = (
+        Status.INTERRUPTED,
+        Status.COMPLETED,
+        Status.FAILED,
+        Status.REJECTED,
+        Status.CANCELLED,
+    )
+    FINISHED = (Status.COMPLETED, Status.FAILED, Status.REJECTED, Status.CANCELLED)
+
+    action = models.CharField(max_length=200)
+    input = models.JSONField(default=dict)
+    team = models.ForeignKey(Team, models.PROTECT, related_name="runs")
+    consumer = models.CharField(max_length=20, choices=Consumer.choices, default=Consumer.API)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED)
+    output = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    started_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    started_by_name = models.CharField(max_length=150, blank=True)
+    # Driver-specific, server-side state: an agent's conversation, a script's source and call log.
+    driver_state = models.JSONField(default=dict, blank=True)
+    # A claimed step holds a lease; the sweeper re-queues a step whose lease ran out (a dead worker).
+    attempt = models.PositiveIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["status", "updated_at"], name="run_status_updated"),
+            models.Index(fields=["team", "-created_at"], name="run_team_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Run {self.pk} of {self.action} ({self.status})"
+
+    def get_absolute_url(self) -> str:
+        return reverse("run", args=[self.pk])
+
+    @property
+    def is_settled(self) -> bool:
+        return self.status in self.SETTLED
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in self.FINISHED
+
+
+class Interrupt(models.Model):
+    """One pause of a run: why, what the caller must answer, and how it was resolved."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        APPROVED = "approved"
+        REJECTED = "rejected"
+        EXPIRED = "expired"
+        CANCELLED = "cancelled"
+
+    run = models.ForeignKey(Run, models.CASCADE, related_name="interrupts")
+    seq = models.PositiveIntegerField()
+    team = models.ForeignKey(Team, models.PROTECT, related_name="interrupts")
+    action = models.CharField(max_length=200)
+    message = models.TextField()
+    data = models.JSONField(null=True, blank=True)
+    # The action's private checkpoint. Never rendered, serialised or pushed; see tests/test_state_privacy.py.
+    state = models.JSONField(null=True, blank=True)
+    # For agent runs: the suspended tool call this interrupt belongs to.
+    tool_call_id = models.CharField(max_length=200, blank=True)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
+    answer = models.JSONField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    decided_by_name = models.CharField(max_length=150, blank=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="interrupt_run_seq"),
+        ]
+        indexes = [
+            models.Index(fields=["team", "status", "-created_at"], name="interrupt_inbox"),
+            models.Index(fields=["status", "-created_at"], name="interrupt_status_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Interrupt {self.run_id}#{self.seq} ({self.status})"
+
+    def get_absolute_url(self) -> str:
+        return reverse("interrupt", args=[self.pk])
+
+    @property
+    def is_pending(self) -> bool:
+        return self.status == self.Status.PENDING
+
+    def summary(self, limit: int = 100) -> str:
+        """``data`` on one line, for the inbox."""
+        if self.data is None:
+            return ""
+        if isinstance(self.data, dict):
+            text = ", ".join(f"{k}: {_short(v)}" for k, v in self.data.items())
+        else:
+            text = _short(self.data)
+        return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+class RunEventQuerySet(models.QuerySet["RunEvent"]):
+    def update(self, **kwargs: Any) -> int:
+        raise TypeError("the event log is append-only")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise TypeError("the event log is append-only")
+
+
+class RunEvent(models.Model):
+    """The append-only log of a run: who did what, when. Rows are never changed."""
+
+    class Kind(models.TextChoices):
+        STARTED = "started"
+        CLAIMED = "claimed"
+        INTERRUPTED = "interrupted"
+        APPROVED = "approved"
+        REJECTED = "rejected"
+        RESUMED = "resumed"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+        REQUEUED = "requeued"
+        EXPIRED = "expired"
+        CHECKPOINT_VIEWED = "checkpoint_viewed"
+
+    run = models.ForeignKey(Run, models.CASCADE, related_name="events")
+    interrupt = models.ForeignKey(
+        Interrupt, models.CASCADE, null=True, blank=True, related_name="events"
+    )
+    kind = models.CharField(max_length=30, choices=Kind.choices)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    actor_name = models.CharField(max_length=150, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField(default=timezone.now)
+
+    objects = RunEventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_name} {self.kind}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise TypeError("the event log is append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise TypeError("the event log is append-only")

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import template
+from django.utils.html import escape, format_html
+from django.utils.safestring import SafeString, mark_safe
+
+register = template.Library()
+
+FOLD_AT = 160
+MAX_DEPTH = 8
+
+
+@register.filter
+def as_data(value: Any) -> SafeString:
+    """Render JSON readably: objects as definition lists, lists as ordered lists, long text
+    folded behind a <details>. Everything is escaped."""
+    return mark_safe(_render(value, 0))  # noqa: S308 - every leaf below goes through escape()
+
+
+def _render(value: Any, depth: int) -> str:
+    if depth >= MAX_DEPTH:
+        return _leaf(json.dumps(value, ensure_ascii=False))
+    if isinstance(value, dict):
+        if not value:
+            return '<span class="muted">{}</span>'
+        items = "".join(
+            f"<dt>{escape(str(key))}</dt><dd>{_render(item, depth + 1)}</dd>" for key, item in value.items()
+        )
+        return f'<dl class="data">{items}</dl>'
+    if isinstance(value, list):
+        if not value:
+            return '<span class="muted">[]</span>'
+        items = "".join(f"<li>{_render(item, depth + 1)}</li>" for item in value)
+        return f'<ol class="data">{items}</ol>'
+    if value is None:
+        return '<span class="muted">null</span>'
+    if isinstance(value, bool):
+        return f'<code>{"true" if value else "false"}</code>'
+    if isinstance(value, (int, float)):
+        return f"<code>{escape(str(value))}</code>"
+    return _leaf(str(value))
+
+
+def _leaf(text: str) -> str:
+    if len(text) <= FOLD_AT:
+        return f'<span class="value">{escape(text)}</span>'
+    return str(
+        format_html(
+            '<details class="fold"><summary>{}…</summary><span class="value">{}</span></details>',
+            text[:FOLD_AT],
+            text,
+        )
+    )
+
+
+@register.filter
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)

@@ -1,0 +1,16 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from actions import views
+
+urlpatterns = [
+    path("", views.inbox, name="inbox"),
+    path("interrupts/<int:pk>/", views.interrupt_detail, name="interrupt"),
+    path("interrupts/<int:pk>/approve/", views.approve, name="approve"),
+    path("interrupts/<int:pk>/reject/", views.reject, name="reject"),
+    path("runs/", views.runs, name="runs"),
+    path("runs/<int:pk>/", views.run_detail, name="run"),
+    path("start/", views.start, name="start"),
+    path("start/<str:name>/", views.start_action, name="start_action"),
+]

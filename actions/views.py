@@ -1,0 +1,254 @@
+"""The reviewers' dashboard. Every page works without JavaScript; with htmx, the parts that
+change are re-fetched as fragments when the websocket says something changed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db.models import Q, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+from django_htmx.http import HttpResponseClientRedirect
+
+from actions import runner
+from actions.core import Action, UnknownAction, registry
+from actions.forms import ApprovalForm, RejectForm, SchemaForm, form_for_schema
+from actions.models import Interrupt, Run, RunEvent, Team
+
+
+def site_context(request: HttpRequest) -> dict[str, Any]:
+    return {"site_name": settings.SITE_NAME}
+
+
+def _htmx(request: HttpRequest) -> bool:
+    return bool(getattr(request, "htmx", False))
+
+
+# Permission-scoped lookups: another team's objects are 404, never 403, so ids leak nothing.
+
+
+def _visible_runs(user: Any) -> QuerySet[Run]:
+    if user.is_staff:
+        return Run.objects.all()
+    return Run.objects.filter(team__members=user)
+
+
+def _get_interrupt_for_user(user: Any, pk: int) -> Interrupt:
+    interrupts = Interrupt.objects.select_related("run", "team")
+    if not user.is_staff:
+        interrupts = interrupts.filter(team__members=user)
+    interrupt = interrupts.filter(pk=pk).first()
+    if interrupt is None:
+        raise Http404("No such interrupt")
+    return interrupt
+
+
+def _get_run_for_user(user: Any, pk: int) -> Run:
+    run = _visible_runs(user).select_related("team").filter(pk=pk).first()
+    if run is None:
+        raise Http404("No such run")
+    return run
+
+
+def _can_decide(user: Any, interrupt: Interrupt) -> bool:
+    return interrupt.team.members.filter(pk=user.pk).exists()
+
+
+def _action_or_none(name: str) -> Action | None:
+    return registry.get(name) if name in registry else None
+
+
+# Inbox
+
+
+@login_required
+def inbox(request: HttpRequest) -> HttpResponse:
+    teams = list(Team.objects.filter(members=request.user))
+    pending = (
+        Interrupt.objects.filter(team__in=teams, status=Interrupt.Status.PENDING)
+        .select_related("run", "team")
+        .order_by("-created_at", "-id")
+    )
+    team_slug = request.GET.get("team", "")
+    action_name = request.GET.get("action", "")
+    if team_slug:
+        pending = pending.filter(team__slug=team_slug)
+    if action_name:
+        pending = pending.filter(action=action_name)
+    interrupts = list(pending[:200])
+    context = {
+        "teams": teams,
+        "interrupts": interrupts,
+        "count": len(interrupts),
+        "team_slug": team_slug,
+        "action_name": action_name,
+        "action_names": sorted({a.name for a in registry.all()}),
+    }
+    if _htmx(request):
+        return render(request, "actions/partials/inbox_list.html", context)
+    return render(request, "actions/inbox.html", context)
+
+
+# One interrupt and its decision
+
+
+def _answer_form(interrupt: Interrupt, data: Any = None) -> SchemaForm | ApprovalForm:
+    act = _action_or_none(interrupt.action)
+    if act is not None and act.answer_model is not None:
+        return form_for_schema(act.answer_schema() or {})(data, prefix="answer")
+    return ApprovalForm(data, prefix="answer")
+
+
+def _decision_context(request: HttpRequest, interrupt: Interrupt, **extra: Any) -> dict[str, Any]:
+    can_decide = _can_decide(request.user, interrupt)
+    context = {
+        "interrupt": interrupt,
+        "can_decide": can_decide,
+        "answer_form": _answer_form(interrupt) if can_decide else None,
+        "reject_form": RejectForm(prefix="reject") if can_decide else None,
+    }
+    context.update(extra)
+    return context
+
+
+@login_required
+def interrupt_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    interrupt = _get_interrupt_for_user(request.user, pk)
+    if _htmx(request) and request.GET.get("panel"):
+        # Re-fetched after a push. While it is still pending, keep what the reviewer typed.
+        if interrupt.is_pending and request.GET.get("known") == "pending":
+            return HttpResponse(status=204)
+        return render(request, "actions/partials/decision.html", _decision_context(request, interrupt))
+    earlier = interrupt.run.interrupts.filter(seq__lt=interrupt.seq).order_by("seq")
+    context = _decision_context(request, interrupt, earlier=earlier, run=interrupt.run)
+    return render(request, "actions/interrupt.html", context)
+
+
+def _render_decision(request: HttpRequest, interrupt: Interrupt, status: int = 200, **extra: Any) -> HttpResponse:
+    context = _decision_context(request, interrupt, **extra)
+    if _htmx(request):
+        # htmx swaps only 2xx responses: errors are shown in the fragment, with a 200.
+        return render(request, "actions/partials/decision.html", context)
+    earlier = interrupt.run.interrupts.filter(seq__lt=interrupt.seq).order_by("seq")
+    return render(request, "actions/interrupt.html", {**context, "earlier": earlier, "run": interrupt.run}, status=status)
+
+
+def _decided(request: HttpRequest, interrupt: Interrupt, text: str) -> HttpResponse:
+    if _htmx(request):
+        interrupt.refresh_from_db()
+        return _render_decision(request, interrupt, notice=text)
+    messages.success(request, text)
+    return redirect("inbox")
+
+
+@login_required
+@require_POST
+def approve(request: HttpRequest, pk: int) -> HttpResponse:
+    interrupt = _get_interrupt_for_user(request.user, pk)
+    if not _can_decide(request.user, interrupt):
+        return _render_decision(request, interrupt, status=403, error=f"Only members of {interrupt.team} can decide this.")
+    form = _answer_form(interrupt, request.POST)
+    if not form.is_valid():
+        return _render_decision(request, interrupt, status=422, answer_form=form)
+    try:
+        runner.resume(interrupt, form.payload(), request.user)
+    except runner.InvalidInput as exc:
+        form.add_model_errors(exc.errors)
+        return _render_decision(request, interrupt, status=422, answer_form=form)
+    except runner.PayloadTooLarge as exc:
+        form.add_error(None, str(exc))
+        return _render_decision(request, interrupt, status=413, answer_form=form)
+    except runner.AlreadyDecided as exc:
+        return _render_decision(request, exc.interrupt, status=409, error=f"Not approved: {exc}.")
+    return _decided(request, interrupt, f"Approved “{interrupt.message}”.")
+
+
+@login_required
+@require_POST
+def reject(request: HttpRequest, pk: int) -> HttpResponse:
+    interrupt = _get_interrupt_for_user(request.user, pk)
+    if not _can_decide(request.user, interrupt):
+        return _render_decision(request, interrupt, status=403, error=f"Only members of {interrupt.team} can decide this.")
+    form = RejectForm(request.POST, prefix="reject")
+    if not form.is_valid():
+        return _render_decision(request, interrupt, status=422, reject_form=form, open_reject=True)
+    try:
+        runner.reject(interrupt, form.cleaned_data["reason"], request.user)
+    except (runner.InvalidInput, runner.PayloadTooLarge) as exc:
+        form.add_error("reason", str(exc))
+        return _render_decision(request, interrupt, status=422, reject_form=form, open_reject=True)
+    except runner.AlreadyDecided as exc:
+        return _render_decision(request, exc.interrupt, status=409, error=f"Not rejected: {exc}.")
+    return _decided(request, interrupt, f"Rejected “{interrupt.message}”.")
+
+
+# Runs
+
+
+def _timeline(run: Run) -> list[RunEvent]:
+    return list(run.events.select_related("interrupt").order_by("at", "id"))
+
+
+@login_required
+def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    run = _get_run_for_user(request.user, pk)
+    context = {"run": run, "events": _timeline(run), "interrupts": list(run.interrupts.order_by("seq"))}
+    if _htmx(request):
+        return render(request, "actions/partials/run_body.html", context)
+    return render(request, "actions/run.html", context)
+
+
+@login_required
+def start(request: HttpRequest) -> HttpResponse:
+    teams = Team.objects.filter(members=request.user)
+    return render(request, "actions/start.html", {"actions": registry.all(), "has_team": teams.exists()})
+
+
+@login_required
+def start_action(request: HttpRequest, name: str) -> HttpResponse:
+    try:
+        act = registry.get(name)
+    except UnknownAction:
+        raise Http404("No such action") from None
+    teams = Team.objects.filter(members=request.user)
+    form_class = form_for_schema(act.input_schema())
+    form = form_class(request.POST or None, prefix="input")
+    error = ""
+    if request.method == "POST":
+        team = teams.filter(slug=request.POST.get("team", "")).first()
+        if team is None:
+            error = "Choose one of your teams."
+        elif form.is_valid():
+            try:
+                run = runner.start_run(act.name, form.payload(), team, request.user, Run.Consumer.DASHBOARD)
+            except runner.InvalidInput as exc:
+                form.add_model_errors(exc.errors)
+            except runner.PayloadTooLarge as exc:
+                form.add_error(None, str(exc))
+            else:
+                if _htmx(request):
+                    return HttpResponseClientRedirect(run.get_absolute_url())
+                return redirect(run)
+    context = {"action": act, "form": form, "teams": teams, "error": error}
+    return render(request, "actions/start_action.html", context, status=422 if request.method == "POST" else 200)
+
+
+@login_required
+def runs(request: HttpRequest) -> HttpResponse:
+    """Recent runs of the user's teams."""
+    visible = _visible_runs(request.user).select_related("team")
+    status = request.GET.get("status", "")
+    if status:
+        visible = visible.filter(status=status)
+    query = request.GET.get("q", "").strip()
+    if query:
+        visible = visible.filter(Q(action__icontains=query) | Q(started_by_name__icontains=query))
+    return render(
+        request,
+        "actions/runs.html",
+        {"runs": visible[:100], "status": status, "q": query, "statuses": Run.Status.choices},
+    )

@@ -1,0 +1,196 @@
+"""Settings for Grundlag approvals.
+
+Every deployment knob is an environment variable whose default runs on one machine with
+nothing installed: SQLite, an in-process Celery broker and an in-memory channel layer.
+Set ``DATABASE_URL`` and ``REDIS_URL`` to scale out (see README, "Deploying at scale").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+import django_stubs_ext
+from django.core.exceptions import ImproperlyConfigured
+
+# Lets ModelAdmin[Team], QuerySet[Run] and friends be subscripted at run time, for mypy.
+django_stubs_ext.monkeypatch()
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def envbool(name: str, default: str) -> bool:
+    value = os.getenv(name, default).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean (true/false), got {value!r}")
+
+
+def envint(name: str, default: str, *, minimum: int = 0) -> int:
+    value = os.getenv(name, default)
+    try:
+        number = int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}") from None
+    if number < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {number}")
+    return number
+
+
+def envlist(name: str, default: str) -> list[str]:
+    return [item.strip() for item in os.getenv(name, default).split(",") if item.strip()]
+
+
+DEBUG = envbool("DEBUG", "true")
+SECRET_KEY = os.getenv("SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
+    SECRET_KEY = "insecure-development-key-do-not-use-in-production"
+
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "")
+SITE_NAME = os.getenv("SITE_NAME", "Grundlag approvals")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "channels",
+    "actions",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "grundlag_site.urls"
+WSGI_APPLICATION = "grundlag_site.wsgi.application"
+ASGI_APPLICATION = "grundlag_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "actions.views.site_context",
+            ],
+        },
+    },
+]
+
+# Database: SQLite by default, anything dj-database-url understands otherwise.
+DATABASE_URL = os.getenv("DATABASE_URL", f"sqlite:///{BASE_DIR / 'grundlag.sqlite3'}")
+try:
+    _database = dj_database_url.parse(DATABASE_URL, conn_max_age=envint("DB_CONN_MAX_AGE", "0"))
+except ValueError as exc:
+    raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
+if _database["ENGINE"] == "django.db.backends.sqlite3":
+    # Several threads (web requests and the embedded worker) write at once. WAL lets readers
+    # proceed during a write; IMMEDIATE takes the write lock at BEGIN, so two writers queue on
+    # the timeout instead of one failing with "database is locked" when it upgrades its lock.
+    _database["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": envint("SQLITE_TIMEOUT", "20", minimum=1),
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    _database["TEST"] = {"NAME": os.getenv("TEST_SQLITE_NAME", str(BASE_DIR / "test.sqlite3"))}
+DATABASES: dict[str, dict[str, Any]] = {"default": _database}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Redis, when set, is the Celery broker and the channel layer shared by every process.
+REDIS_URL = os.getenv("REDIS_URL", "")
+if REDIS_URL and not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
+    raise ImproperlyConfigured(f"REDIS_URL must be a redis:// URL, got {REDIS_URL!r}")
+
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1500, "expiry": 30},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# Celery. Steps are idempotent (a run is claimed by a conditional UPDATE), so delivery is
+# at-least-once: acknowledge after the step, and hand the message back if the worker dies.
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_CONCURRENCY = envint("WORKER_CONCURRENCY", "4", minimum=1)
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Longer than the longest step: Redis redelivers an unacknowledged message after this.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envint("STEP_VISIBILITY_TIMEOUT", "3600")}
+CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", "false")
+CELERY_BEAT_SCHEDULE = {
+    "sweep-stuck-runs": {"task": "actions.tasks.sweep", "schedule": 60.0},
+}
+
+# Grundlag itself.
+GRUNDLAG_ACTION_MODULES = envlist("GRUNDLAG_ACTION_MODULES", "actions.examples")
+# A step that has not reported back after this many seconds is presumed lost and re-queued.
+GRUNDLAG_STEP_LEASE_SECONDS = envint("GRUNDLAG_STEP_LEASE_SECONDS", "600", minimum=1)
+GRUNDLAG_MAX_PAYLOAD_BYTES = envint("GRUNDLAG_MAX_PAYLOAD_BYTES", str(256 * 1024), minimum=1024)
+GRUNDLAG_MAX_WAIT_SECONDS = 30
+try:
+    GRUNDLAG_MODELS: dict[str, dict[str, str]] = json.loads(os.getenv("GRUNDLAG_MODELS", "{}"))
+except json.JSONDecodeError as exc:
+    raise ImproperlyConfigured(f"GRUNDLAG_MODELS must be JSON: {exc}") from None
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "inbox"
+LOGOUT_REDIRECT_URL = "login"
+
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SECURE = envbool("SECURE_COOKIES", "false" if DEBUG else "true")
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+X_FRAME_OPTIONS = "DENY"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = os.getenv("TIME_ZONE", "UTC")
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(os.getenv("STATIC_ROOT", str(BASE_DIR / "staticfiles")))
+# Without collectstatic (make run), WhiteNoise serves straight from static/.
+WHITENOISE_USE_FINDERS = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {
+        "actions": {"handlers": ["console"], "level": os.getenv("LOG_LEVEL", "INFO"), "propagate": False}
+    },
+}

@@ -1,0 +1,26 @@
+// Pushes from the server are hints. Every frame (and every (re)connect, which the server
+// greets with "hello") fires `grundlag:changed` on <body>; the page's fragments refetch
+// themselves with hx-trigger="grundlag:changed[...] from:body".
+(function () {
+  "use strict";
+  function setLive(state, text) {
+    var el = document.getElementById("live");
+    if (el) { el.dataset.state = state; el.textContent = text; }
+  }
+  document.addEventListener("htmx:wsBeforeMessage", function (evt) {
+    evt.preventDefault(); // frames are JSON hints, not HTML to swap
+    var detail = {};
+    try { detail = JSON.parse(evt.detail.message); } catch (e) { return; }
+    htmx.trigger(document.body, "grundlag:changed", detail);
+  });
+  document.addEventListener("htmx:wsOpen", function () { setLive("live", "live"); });
+  document.addEventListener("htmx:wsClose", function () { setLive("reconnecting", "reconnecting…"); });
+  document.addEventListener("htmx:afterSwap", function (evt) {
+    var title = evt.detail.elt && evt.detail.elt.dataset ? evt.detail.elt.dataset.title : null;
+    if (!title) {
+      var inbox = document.getElementById("inbox");
+      title = inbox ? inbox.dataset.title : null;
+    }
+    if (title) { document.title = title; }
+  });
+})();
