@@ -16,7 +16,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
-from ninja import NinjaAPI, Query, Schema
+from ninja import NinjaAPI, Query, Schema, Status
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
 from pydantic import Field
@@ -232,7 +232,7 @@ def requested_wait(request: HttpRequest) -> float:
 
 async def settled_response(
     request: HttpRequest, run_id: int, render: Any = run_out
-) -> tuple[int, dict[str, Any]]:
+) -> Status[dict[str, Any]]:
     """Wait (asynchronously: no thread is held) for the run to settle, then describe it.
 
     Callers wait on the database row, the truth, not on a task result or a push."""
@@ -245,9 +245,9 @@ async def settled_response(
         await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
         delay = min(delay * 2, 0.1)
 
-    def describe() -> tuple[int, dict[str, Any]]:
+    def describe() -> Status[dict[str, Any]]:
         run = Run.objects.get(pk=run_id)
-        return (200 if run.is_settled else 202), render(request, run)
+        return Status(200 if run.is_settled else 202, render(request, run))
 
     return await sync_to_async(describe)()
 
@@ -273,7 +273,7 @@ def list_actions(request: HttpRequest) -> list[dict[str, Any]]:
     response={200: RunOut, 202: RunOut, 404: Error, 413: Error, 422: Error},
     tags=["runs"],
 )
-async def create_run(request: HttpRequest, payload: RunIn) -> tuple[int, dict[str, Any]]:
+async def create_run(request: HttpRequest, payload: RunIn) -> Status[dict[str, Any]]:
     """Start a run of an action in the token's team. `Prefer: wait=N` waits up to N seconds
     (at most 30) for it to settle: 200 when it has, 202 while it is still queued or running."""
     token: ApiToken = request.auth  # type: ignore[attr-defined]
@@ -315,7 +315,7 @@ def list_interrupts(
 )
 async def resume_interrupt(
     request: HttpRequest, interrupt_id: int, payload: ResumeIn
-) -> tuple[int, dict[str, Any]]:
+) -> Status[dict[str, Any]]:
     """Answer a pending interrupt; the run re-runs its action with `data` as the answer."""
     token: ApiToken = request.auth  # type: ignore[attr-defined]
 
@@ -334,7 +334,7 @@ async def resume_interrupt(
 )
 async def reject_interrupt(
     request: HttpRequest, interrupt_id: int, payload: RejectIn
-) -> tuple[int, dict[str, Any]]:
+) -> Status[dict[str, Any]]:
     """Reject a pending interrupt with a reason: an action's run ends `rejected`."""
     token: ApiToken = request.auth  # type: ignore[attr-defined]
 

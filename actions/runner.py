@@ -260,10 +260,10 @@ def reject(interrupt: Interrupt, reason: str, by: Actor) -> Interrupt:
     return _decide(interrupt.pk, Interrupt.Status.REJECTED, by, reason=reason, then=end_or_go_on)
 
 
-def _finish_with_pending_cancelled(run: Run, status: str, *, error: str = "") -> None:
+def _finish_with_pending_cancelled(run: Run, status: str, *, error: str = "", by: Actor = None) -> None:
     now = timezone.now()
     run.interrupts.filter(status=Interrupt.Status.PENDING).update(
-        status=Interrupt.Status.CANCELLED, decided_at=now, decided_by_name="system"
+        status=Interrupt.Status.CANCELLED, decided_at=now, decided_by=actor_user(by), decided_by_name=actor_name(by)
     )
     Run.objects.filter(pk=run.pk).update(
         status=status, error=error, finished_at=now, updated_at=now, lease_expires_at=None
@@ -275,7 +275,7 @@ def cancel(run: Run, by: Actor) -> None:
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if locked.is_finished:
             raise NotCancellable(f"run {run.pk} is already {locked.status}")
-        _finish_with_pending_cancelled(locked, Status.CANCELLED)
+        _finish_with_pending_cancelled(locked, Status.CANCELLED, by=by)
         _log(locked, RunEvent.Kind.CANCELLED, by)
         _push_after_commit(locked.team_id, "run", run_id=locked.pk, status=Status.CANCELLED)
 

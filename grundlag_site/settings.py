@@ -183,8 +183,8 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(os.getenv("STATIC_ROOT", str(BASE_DIR / "staticfiles")))
-# Without collectstatic (make run), WhiteNoise serves straight from static/.
-WHITENOISE_USE_FINDERS = True
+# In development WhiteNoise serves straight from static/; deployments run collectstatic.
+WHITENOISE_USE_FINDERS = DEBUG
 
 LOGGING = {
     "version": 1,

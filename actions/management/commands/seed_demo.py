@@ -4,7 +4,7 @@ import os
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
 from actions import runner
@@ -21,6 +21,9 @@ DEMO_RUNS = [
 
 class Command(BaseCommand):
     help = "Create the demo team, its users and an API token, and start a few runs. Idempotent."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--no-runs", action="store_true", help="create users and token only")
 
     def handle(self, *args: Any, **options: Any) -> None:
         users = get_user_model()
@@ -41,13 +44,13 @@ class Command(BaseCommand):
             _, key = ApiToken.issue(team, "demo")
 
         started = 0
-        if not Run.objects.filter(team=team).exists():
+        if not options["no_runs"] and not Run.objects.filter(team=team).exists():
             for action_name, payload in DEMO_RUNS:
                 runner.start_run(action_name, payload, team, people["reviewer2"], Run.Consumer.DASHBOARD)
                 started += 1
 
         for username in people:
             self.stdout.write(f"  user {username:<10} password {os.getenv('DEMO_PASSWORD', f'{username}-demo')}")
-        self.stdout.write(f"  team demo: reviewer1, reviewer2; team payroll: payroll1; auditor is staff")
+        self.stdout.write("  team demo: reviewer1, reviewer2; team payroll: payroll1; auditor is staff")
         self.stdout.write(f"  started {started} demo run(s)")
         self.stdout.write(f"  API token for team demo: {key}")

@@ -1,0 +1,45 @@
+# `make run` and `make test` set everything up from nothing: a virtualenv from the pinned
+# requirements, the database, the demo team. See README.md.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PORT ?= 8000
+PYTEST_ARGS ?=
+
+.PHONY: run test lint format lock venv clean bench scaled-services scaled-web scaled-workers
+
+$(BIN)/.installed: requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements-dev.txt
+	touch $@
+
+venv: $(BIN)/.installed
+
+run: venv
+	$(BIN)/python manage.py migrate --noinput
+	$(BIN)/python manage.py seed_demo
+	exec $(BIN)/python manage.py serve --port $(PORT)
+
+test: venv lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy .
+
+format: venv
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+# Re-pin requirements*.txt from requirements*.in in a scratch virtualenv.
+lock:
+	rm -rf /tmp/grundlag-lock && $(PYTHON) -m venv /tmp/grundlag-lock
+	/tmp/grundlag-lock/bin/pip install --quiet -r requirements.in
+	/tmp/grundlag-lock/bin/pip freeze --exclude pip > requirements.txt
+	/tmp/grundlag-lock/bin/pip install --quiet -r requirements-dev.in
+	(echo "-r requirements.txt"; /tmp/grundlag-lock/bin/pip freeze --exclude pip | grep -vxF -f requirements.txt) > requirements-dev.txt
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache staticfiles test.sqlite3*

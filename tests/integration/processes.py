@@ -1,0 +1,143 @@
+"""Start the real thing for integration tests: `manage.py serve`, daphne, Celery workers,
+Redis and PostgreSQL, as separate processes on 127.0.0.1 ports of their own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except Exception as exc:  # noqa: BLE001 - retried until the deadline
+            last = exc
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out waiting for {what}" + (f": {last!r}" if last else ""))
+
+
+def wait_for_port(port: int, proc: subprocess.Popen[bytes] | None = None, timeout: float = 30) -> None:
+    def listening() -> bool:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_for(listening, timeout, f"port {port}")
+
+
+@dataclass
+class Site:
+    """The app's environment: which database, which Redis; commands and processes share it."""
+
+    env: dict[str, str]
+    log_dir: Path
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def manage(self, *args: str, check: bool = True) -> str:
+        result = subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True
+        )
+        if check and result.returncode != 0:
+            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+        return result.stdout
+
+    def seed(self) -> str:
+        """Create the demo team and users; returns a fresh API token for team demo."""
+        self.manage("migrate", "--noinput", "-v0")
+        out = self.manage("seed_demo", "--no-runs")
+        return out.strip().splitlines()[-1].split(": ")[-1]
+
+    def spawn(self, name: str, *argv: str) -> subprocess.Popen[bytes]:
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.processes.append(proc)
+        return proc
+
+    def serve(self, port: int | None = None) -> Server:
+        """`manage.py serve`: daphne, plus the embedded worker when there is no REDIS_URL."""
+        port = port or free_port()
+        proc = self.spawn(f"serve-{port}", sys.executable, "manage.py", "serve", "--port", str(port))
+        wait_for_port(port, proc)
+        return Server(proc, port)
+
+    def daphne(self, port: int | None = None) -> Server:
+        port = port or free_port()
+        proc = self.spawn(
+            f"daphne-{port}", sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+            "grundlag_site.asgi:application",
+        )
+        wait_for_port(port, proc)
+        return Server(proc, port)
+
+    def worker(self, name: str = "w1", concurrency: int = 2) -> subprocess.Popen[bytes]:
+        proc = self.spawn(
+            f"worker-{name}", sys.executable, "-m", "celery", "-A", "grundlag_site", "worker",
+            "--pool", "threads", "--concurrency", str(concurrency), "--hostname", f"{name}@%h",
+            "--loglevel", "INFO", "--without-mingle", "--without-gossip",
+        )
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in self.processes:
+            stop(proc)
+
+    def logs(self) -> str:
+        return "\n".join(f"== {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.log_dir.glob("*.log")))
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, token: str) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=40)
+
+
+def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def sqlite_site(tmp_path: Path) -> Site:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS_URL", "PYTEST"))}
+    env.update(
+        DATABASE_URL=f"sqlite:///{tmp_path / 'site.sqlite3'}",
+        PYTHONUNBUFFERED="1",
+        DJANGO_SETTINGS_MODULE="grundlag_site.settings",
+    )
+    return Site(env=env, log_dir=tmp_path)

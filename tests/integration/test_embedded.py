@@ -1,0 +1,101 @@
+"""`make run`'s arrangement, for real: `manage.py serve` is daphne with a Celery worker in a
+thread, on SQLite. Runs are answered over HTTP and survive the process."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import time
+
+import pytest
+
+from tests.integration.processes import Site, stop
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_run_pauses_and_is_answered_over_http_through_the_embedded_worker(site: Site) -> None:
+    token = site.seed()
+    with site.serve().client(token) as api:
+        started = api.post(
+            "/api/runs",
+            json={"action": "send_invoice", "input": {"invoice_id": "INV-7", "amount": 70}},
+            headers={"Prefer": "wait=20"},
+        )
+        assert started.status_code == 200, started.text
+        run = started.json()
+        assert run["status"] == "interrupted"
+        pending = api.get("/api/interrupts", params={"status": "pending"}).json()
+        assert [p["id"] for p in pending] == [run["interrupt"]["id"]]
+
+        resumed = api.post(run["interrupt"]["resume_url"], json={"data": {"approved": True}}, headers={"Prefer": "wait=20"})
+        assert resumed.status_code == 200
+        assert resumed.json()["status"] == "completed"
+        assert resumed.json()["output"] == {
+            "sent": True,
+            "invoice_id": "INV-7",
+            "approved_by_answer": {"approved": True},
+        }
+
+
+def test_without_prefer_wait_a_queued_run_is_202_and_settles_later(site: Site) -> None:
+    token = site.seed()
+    with site.serve().client(token) as api:
+        response = api.post("/api/runs", json={"action": "send_invoice", "input": {"invoice_id": "A", "amount": 1}})
+        assert response.status_code in (200, 202)
+        run_id = response.json()["id"]
+        deadline = time.monotonic() + 20
+        while api.get(f"/api/runs/{run_id}").json()["status"] != "interrupted":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+
+def test_pending_interrupts_survive_a_restart_and_resume_in_a_fresh_process(site: Site) -> None:
+    token = site.seed()
+    first = site.serve()
+    with first.client(token) as api:
+        run = api.post(
+            "/api/runs",
+            json={"action": "transfer_funds", "input": {"amount": 5000, "to": "DE12"}},
+            headers={"Prefer": "wait=20"},
+        ).json()
+        second = api.post(run["interrupt"]["resume_url"], json={"data": {"approved": True, "n": 1}}, headers={"Prefer": "wait=20"}).json()
+        assert second["interrupt"]["seq"] == 2
+    assert stop(first.proc, signal.SIGTERM) == 0, "serve stops cleanly on SIGTERM"
+
+    with site.serve().client(token) as api:
+        detail = api.get(f"/api/runs/{run['id']}").json()
+        assert detail["status"] == "interrupted" and detail["interrupt"]["id"] == second["interrupt"]["id"]
+        done = api.post(
+            f"/api/interrupts/{second['interrupt']['id']}/resume",
+            json={"data": {"approved": True, "n": 2}},
+            headers={"Prefer": "wait=20"},
+        ).json()
+        # The first answer came back from the checkpoint stored before the restart.
+        assert done["status"] == "completed"
+        assert done["output"]["answers"] == [{"approved": True, "n": 1}, {"approved": True, "n": 2}]
+
+
+def test_a_step_left_running_by_a_crashed_process_is_run_again_at_start(site: Site) -> None:
+    token = site.seed()
+    server = site.serve()
+    with server.client(token) as api:
+        run = api.post(
+            "/api/runs", json={"action": "send_invoice", "input": {"invoice_id": "A", "amount": 1}},
+            headers={"Prefer": "wait=20"},
+        ).json()
+    stop(server.proc, signal.SIGKILL)
+    # As a crash mid-step leaves it: the run claimed, its step never recorded.
+    db = sqlite3.connect(site.env["DATABASE_URL"].removeprefix("sqlite:///"))
+    with db:
+        db.execute("DELETE FROM actions_runevent WHERE run_id = ? AND kind != 'started'", (run["id"],))
+        db.execute("DELETE FROM actions_interrupt WHERE run_id = ?", (run["id"],))
+        db.execute("UPDATE actions_run SET status = 'running', attempt = 1 WHERE id = ?", (run["id"],))
+    db.close()
+
+    with site.serve().client(token) as api:
+        deadline = time.monotonic() + 20
+        while (detail := api.get(f"/api/runs/{run['id']}").json())["status"] != "interrupted":
+            assert time.monotonic() < deadline, detail
+            time.sleep(0.05)
+        assert len(detail["transcript"]) == 1

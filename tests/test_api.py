@@ -1,0 +1,178 @@
+"""The HTTP API, in-process: its shape, its errors and its team scoping."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.test import Client
+
+from actions.models import ApiToken, Run, Team
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Api:
+    def __init__(self, client: Client, key: str) -> None:
+        self.client, self.key = client, key
+
+    def _headers(self, wait: int | None) -> dict[str, str]:
+        headers = {"Authorization": f"Bearer {self.key}"}
+        if wait is not None:
+            headers["Prefer"] = f"wait={wait}"
+        return headers
+
+    def get(self, path: str) -> Any:
+        return self.client.get(f"/api{path}", headers=self._headers(None))
+
+    def post(self, path: str, body: Any, wait: int | None = 5) -> Any:
+        return self.client.post(
+            f"/api{path}", json.dumps(body), content_type="application/json", headers=self._headers(wait)
+        )
+
+
+@pytest.fixture
+def api(client: Client, token_key: str) -> Api:
+    return Api(client, token_key)
+
+
+@pytest.fixture
+def other_api(client: Client, other_token_key: str) -> Api:
+    return Api(client, other_token_key)
+
+
+def test_actions_are_listed_with_input_and_answer_schemas(api: Api) -> None:
+    response = api.get("/actions")
+    assert response.status_code == 200
+    actions = {a["name"]: a for a in response.json()}
+    assert {"send_invoice", "transfer_funds", "delete_customer_data", "await_payment"} <= set(actions)
+    assert actions["send_invoice"]["input_schema"]["required"] == ["invoice_id", "amount"]
+    assert actions["send_invoice"]["answer_schema"] is None
+    assert "ticket" in actions["delete_customer_data"]["answer_schema"]["properties"]
+
+
+def test_a_run_is_answered_over_http_and_completes(api: Api) -> None:
+    started = api.post("/runs", {"action": "send_invoice", "input": {"invoice_id": "A-1", "amount": 10}})
+    assert started.status_code == 200
+    body = started.json()
+    assert body["status"] == "interrupted" and body["output"] is None
+    interrupt = body["interrupt"]
+    assert interrupt["message"] == "Approve sending the invoice?"
+    assert interrupt["data"] == {"invoice_id": "A-1", "amount": 10.0}
+    assert interrupt["resume_url"] == f"http://testserver/api/interrupts/{interrupt['id']}/resume"
+
+    resumed = api.post(f"/interrupts/{interrupt['id']}/resume", {"data": {"approved": True}})
+    assert resumed.status_code == 200
+    assert resumed.json()["status"] == "completed"
+    assert resumed.json()["output"]["approved_by_answer"] == {"approved": True}
+    assert resumed.json()["interrupt"] is None
+
+
+def test_the_run_has_its_transcript_in_order(api: Api) -> None:
+    run = api.post("/runs", {"action": "transfer_funds", "input": {"amount": 2000, "to": "X"}}).json()
+    second = api.post(f"/interrupts/{run['interrupt']['id']}/resume", {"data": {"approved": True}}).json()
+    api.post(f"/interrupts/{second['interrupt']['id']}/reject", {"error": "limit exceeded"})
+    detail = api.get(f"/runs/{run['id']}").json()
+    assert detail["status"] == "rejected" and detail["error"] == "limit exceeded"
+    assert [(t["seq"], t["status"], t["decided_by"]) for t in detail["transcript"]] == [
+        (1, "approved", "API token ci"),
+        (2, "rejected", "API token ci"),
+    ]
+    assert detail["transcript"][0]["answer"] == {"approved": True}
+    assert detail["transcript"][1]["reason"] == "limit exceeded"
+
+
+def test_a_second_decision_is_409_naming_who_decided(api: Api) -> None:
+    run = api.post("/runs", {"action": "send_invoice", "input": {"invoice_id": "A", "amount": 1}}).json()
+    url = f"/interrupts/{run['interrupt']['id']}"
+    assert api.post(f"{url}/reject", {"error": "no"}).status_code == 200
+    again = api.post(f"{url}/resume", {"data": {"approved": True}})
+    assert again.status_code == 409
+    assert again.json()["detail"].startswith("already rejected by API token ci at ")
+    assert again.json()["decided_by"] == "API token ci"
+
+
+def test_an_answer_that_does_not_fit_is_422_with_field_errors_and_changes_nothing(api: Api) -> None:
+    run = api.post("/runs", {"action": "delete_customer_data", "input": {"customer_id": "c"}}).json()
+    url = f"/interrupts/{run['interrupt']['id']}/resume"
+    response = api.post(url, {"data": {"confirm_customer_id": "c"}})
+    assert response.status_code == 422
+    assert [e["loc"] for e in response.json()["detail"]] == [["ticket"]]
+    assert api.get(f"/runs/{run['id']}").json()["status"] == "interrupted"
+    assert api.post(url, {"data": {"confirm_customer_id": "c", "ticket": "T-1"}}).json()["status"] == "completed"
+
+
+def test_unknown_action_is_404_and_invalid_input_is_422(api: Api) -> None:
+    unknown = api.post("/runs", {"action": "launch_rockets", "input": {}})
+    assert unknown.status_code == 404 and "launch_rockets" in unknown.json()["detail"]
+    invalid = api.post("/runs", {"action": "send_invoice", "input": {"amount": "lots"}})
+    assert invalid.status_code == 422
+    assert {tuple(e["loc"]) for e in invalid.json()["detail"]} == {("invoice_id",), ("amount",)}
+    malformed = api.client.post(
+        "/api/runs", "{not json", content_type="application/json", headers={"Authorization": f"Bearer {api.key}"}
+    )
+    assert malformed.status_code in (400, 422) and "detail" in malformed.json()
+    assert not Run.objects.exists()
+
+
+def test_without_a_valid_token_everything_is_401(client: Client, api: Api, team: Team) -> None:
+    assert client.get("/api/actions").status_code == 401
+    assert Api(client, "gl_wrong").get("/actions").status_code == 401
+    token = ApiToken.objects.get(team=team)
+    token.revoke()
+    response = api.get("/actions")
+    assert response.status_code == 401 and response.json() == {"detail": "Unauthorized"}
+
+
+def test_another_teams_runs_and_interrupts_are_404(api: Api, other_api: Api) -> None:
+    run = api.post("/runs", {"action": "send_invoice", "input": {"invoice_id": "A", "amount": 1}}).json()
+    interrupt_id = run["interrupt"]["id"]
+    assert other_api.get(f"/runs/{run['id']}").status_code == 404
+    assert other_api.post(f"/interrupts/{interrupt_id}/resume", {"data": {}}).status_code == 404
+    assert other_api.post(f"/interrupts/{interrupt_id}/reject", {"error": "x"}).status_code == 404
+    assert other_api.get("/interrupts?status=pending").json() == []
+    assert [i["id"] for i in api.get("/interrupts?status=pending").json()] == [interrupt_id]
+
+
+def test_without_prefer_wait_the_response_does_not_wait(api: Api) -> None:
+    # Steps run inline in this test process, so the run is settled either way; the point is the shape.
+    response = api.post("/runs", {"action": "send_invoice", "input": {"invoice_id": "A", "amount": 1}}, wait=None)
+    assert response.status_code in (200, 202)
+    assert set(response.json()) == {"id", "action", "consumer", "status", "output", "error", "interrupt"}
+
+
+def test_state_never_appears_in_any_response(api: Api) -> None:
+    run = api.post("/runs", {"action": "transfer_funds", "input": {"amount": 5000, "to": "X"}}).json()
+    second = api.post(f"/interrupts/{run['interrupt']['id']}/resume", {"data": {"marker": "SECRET-FIRST"}})
+    # The first answer is now the second interrupt's private checkpoint.
+    second_id = second.json()["interrupt"]["id"]
+    from actions.models import Interrupt
+
+    assert Interrupt.objects.get(pk=second_id).state == {"first_answer": {"marker": "SECRET-FIRST"}}
+    bodies = [
+        second.content,
+        api.get(f"/runs/{run['id']}").content,
+        api.get("/interrupts").content,
+        api.get("/interrupts?status=pending").content,
+        api.client.get("/api/openapi.json").content,
+    ]
+    for body in bodies:
+        assert b"first_answer" not in body
+        assert b'"state"' not in body
+
+
+def test_openapi_and_docs_are_served(client: Client) -> None:
+    schema = client.get("/api/openapi.json").json()
+    assert {"/api/runs", "/api/interrupts/{interrupt_id}/resume", "/api/actions"} <= set(schema["paths"])
+    assert client.get("/api/docs").status_code == 200
+
+
+def test_create_api_token_prints_the_key_alone_on_the_last_line(team: Team, capsys: Any) -> None:
+    call_command("create_api_token", "finance", "--name", "deploy-bot")
+    key = capsys.readouterr().out.strip().splitlines()[-1]
+    assert key.startswith("gl_")
+    token = ApiToken.authenticate(key)
+    assert token is not None and token.name == "deploy-bot" and token.team == team
+    assert key not in str(ApiToken.objects.values_list()), "only the hash is stored"

@@ -1,0 +1,245 @@
+"""The engine: runs, pauses, decisions and recovery, against the real (SQLite) database."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.utils import timezone
+
+from actions import runner
+from actions.models import Interrupt, Run, RunEvent, Team
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def start(team: Team, by: User, action: str = "send_invoice", **payload: Any) -> Run:
+    payload = payload or {"invoice_id": "INV-1", "amount": 10.0}
+    run = runner.start_run(action, payload, team, by)
+    run.refresh_from_db()
+    return run
+
+
+def pending(run: Run) -> Interrupt:
+    return run.interrupts.get(status=Interrupt.Status.PENDING)
+
+
+def kinds(run: Run) -> list[str]:
+    return list(run.events.values_list("kind", flat=True))
+
+
+def test_a_run_pauses_once_and_completes_with_the_answer(team: Team, reviewer: User) -> None:
+    run = start(team, reviewer)
+    assert run.status == Run.Status.INTERRUPTED
+    interrupt = pending(run)
+    assert (interrupt.seq, interrupt.message) == (1, "Approve sending the invoice?")
+    assert interrupt.data == {"invoice_id": "INV-1", "amount": 10.0}
+
+    runner.resume(interrupt, {"approved": True, "comment": "ok"}, reviewer)
+
+    run.refresh_from_db()
+    assert run.status == Run.Status.COMPLETED
+    assert run.output == {
+        "sent": True,
+        "invoice_id": "INV-1",
+        "approved_by_answer": {"approved": True, "comment": "ok"},
+    }
+    interrupt.refresh_from_db()
+    assert interrupt.status == "approved" and interrupt.decided_by == reviewer
+    assert kinds(run) == ["started", "claimed", "interrupted", "approved", "resumed", "claimed", "completed"]
+
+
+def test_two_pauses_carry_the_checkpoint_from_the_first_to_the_second(
+    team: Team, reviewer: User, second_reviewer: User
+) -> None:
+    run = start(team, reviewer, "transfer_funds", amount=5000.0, to="DE12")
+    runner.resume(pending(run), {"approved": True, "by": "first"}, reviewer)
+    second = pending(run)
+    assert second.seq == 2
+    assert second.state == {"first_answer": {"approved": True, "by": "first"}}
+    runner.resume(second, {"approved": True, "by": "second"}, second_reviewer)
+    run.refresh_from_db()
+    assert run.status == Run.Status.COMPLETED
+    assert run.output == {
+        "transferred": True,
+        "answers": [{"approved": True, "by": "first"}, {"approved": True, "by": "second"}],
+    }
+    assert [it.status for it in run.interrupts.order_by("seq")] == ["approved", "approved"]
+
+
+def test_small_transfer_needs_one_approval_and_a_declining_answer_fails_the_run(
+    team: Team, reviewer: User
+) -> None:
+    small = start(team, reviewer, "transfer_funds", amount=10.0, to="DE12")
+    runner.resume(pending(small), {"approved": True}, reviewer)
+    small.refresh_from_db()
+    assert small.output == {"transferred": True, "answers": [{"approved": True}]}
+
+    declined = start(team, reviewer, "transfer_funds", amount=10.0, to="DE12")
+    runner.resume(pending(declined), {"approved": False}, reviewer)
+    declined.refresh_from_db()
+    assert (declined.status, declined.error) == ("failed", "transfer declined")
+
+
+def test_reject_ends_the_run_rejected_with_the_reason(team: Team, reviewer: User) -> None:
+    run = start(team, reviewer)
+    runner.reject(pending(run), "wrong customer", reviewer)
+    run.refresh_from_db()
+    assert (run.status, run.error) == ("rejected", "wrong customer")
+    assert run.finished_at is not None
+    interrupt = run.interrupts.get()
+    assert (interrupt.status, interrupt.reason, interrupt.decided_by_name) == (
+        "rejected",
+        "wrong customer",
+        "reviewer1",
+    )
+
+
+def test_reject_without_a_reason_is_refused_and_changes_nothing(team: Team, reviewer: User) -> None:
+    run = start(team, reviewer)
+    with pytest.raises(runner.InvalidInput):
+        runner.reject(pending(run), "   ", reviewer)
+    assert pending(run).status == "pending"
+
+
+def test_an_answer_that_does_not_fit_the_answer_model_changes_nothing(team: Team, reviewer: User) -> None:
+    run = start(team, reviewer, "delete_customer_data", customer_id="cus_1")
+    interrupt = pending(run)
+    with pytest.raises(runner.InvalidAnswer) as caught:
+        runner.resume(interrupt, {"confirm_customer_id": "cus_1", "scope": "all of it"}, reviewer)
+    locs = {tuple(error["loc"]) for error in caught.value.errors}
+    assert locs == {("scope",), ("ticket",)}
+    interrupt.refresh_from_db()
+    run.refresh_from_db()
+    assert interrupt.status == "pending" and run.status == "interrupted"
+    assert "approved" not in kinds(run)
+
+
+def test_a_typed_answer_that_does_not_match_pauses_again(team: Team, reviewer: User) -> None:
+    run = start(team, reviewer, "delete_customer_data", customer_id="cus_1")
+    runner.resume(pending(run), {"confirm_customer_id": "cus_2", "ticket": "T-9"}, reviewer)
+    again = pending(run)
+    assert again.seq == 2 and again.data["previous_confirmation"] == "cus_2"
+    runner.resume(again, {"confirm_customer_id": "cus_1", "ticket": "T-9", "scope": "everything"}, reviewer)
+    run.refresh_from_db()
+    assert run.output == {"deleted": "cus_1", "scope": "everything", "ticket": "T-9"}
+
+
+def test_a_second_decision_is_refused_naming_who_decided_and_when(
+    team: Team, reviewer: User, second_reviewer: User
+) -> None:
+    run = start(team, reviewer)
+    interrupt = pending(run)
+    runner.resume(interrupt, {"approved": True}, reviewer)
+    with pytest.raises(runner.AlreadyDecided, match=r"already approved by reviewer1 at \d{4}-\d\d-\d\d"):
+        runner.reject(interrupt, "too late", second_reviewer)
+    with pytest.raises(runner.AlreadyDecided):
+        runner.resume(interrupt, {"approved": True}, second_reviewer)
+    assert kinds(run).count("resumed") == 1
+
+
+def test_two_reviewers_deciding_at_once_give_exactly_one_decision_and_one_resume(
+    team: Team, reviewer: User, second_reviewer: User
+) -> None:
+    run = start(team, reviewer)
+    interrupt = pending(run)
+    barrier = threading.Barrier(2)
+    outcomes: dict[str, str] = {}
+
+    def decide(user: User) -> None:
+        try:
+            barrier.wait()
+            runner.resume(interrupt, {"approved": True, "who": user.username}, user)
+            outcomes[user.username] = "won"
+        except runner.AlreadyDecided as exc:
+            outcomes[user.username] = str(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=decide, args=(user,)) for user in (reviewer, second_reviewer)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    assert sorted(outcomes.values())[-1] == "won"
+    loser = next(value for value in outcomes.values() if value != "won")
+    winner = next(name for name, value in outcomes.items() if value == "won")
+    assert loser.startswith(f"already approved by {winner}")
+    run.refresh_from_db()
+    assert run.status == "completed" and run.output["approved_by_answer"]["who"] == winner
+    assert kinds(run).count("resumed") == 1 and kinds(run).count("completed") == 1
+
+
+def test_invalid_input_is_refused_before_a_run_exists(team: Team, reviewer: User) -> None:
+    with pytest.raises(runner.InvalidInput) as caught:
+        runner.start_run("send_invoice", {"invoice_id": "", "amount": -1}, team, reviewer)
+    assert {tuple(e["loc"]) for e in caught.value.errors} == {("invoice_id",), ("amount",)}
+    assert not Run.objects.exists()
+
+
+def test_oversized_input_is_refused_naming_the_limit(team: Team, reviewer: User, settings: Any) -> None:
+    settings.GRUNDLAG_MAX_PAYLOAD_BYTES = 1024
+    with pytest.raises(runner.PayloadTooLarge, match="the limit is 1024 bytes"):
+        runner.start_run("send_invoice", {"invoice_id": "x" * 2000, "amount": 1}, team, reviewer)
+    assert not Run.objects.exists()
+
+
+def test_a_claim_is_taken_once_so_a_duplicate_delivery_runs_nothing(team: Team, reviewer: User) -> None:
+    run = start(team, reviewer)
+    runner.execute_step(run.pk)  # a redelivered message for the step that already ran
+    run.refresh_from_db()
+    assert run.interrupts.count() == 1 and kinds(run).count("claimed") == 1
+
+
+def test_the_sweeper_requeues_a_step_whose_worker_died(team: Team, reviewer: User) -> None:
+    run = Run.objects.create(action="send_invoice", input={"invoice_id": "A", "amount": 1}, team=team)
+    # A worker claimed it and died: running, with a lease that has run out.
+    Run.objects.filter(pk=run.pk).update(
+        status="running", attempt=1, lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    assert runner.sweep() == 1
+    run.refresh_from_db()
+    assert run.status == "interrupted" and run.attempt == 2
+    assert runner.sweep() == 0
+
+
+def test_a_worker_that_lost_its_lease_cannot_overwrite_the_new_attempt(team: Team, reviewer: User) -> None:
+    run = Run.objects.create(action="send_invoice", input={"invoice_id": "A", "amount": 1}, team=team)
+    Run.objects.filter(pk=run.pk).update(status="running", attempt=1)
+    stale = Run.objects.get(pk=run.pk)
+    Run.objects.filter(pk=run.pk).update(attempt=2)  # the sweeper re-queued it; another worker claimed it
+    runner.record(stale, runner.StepResult(Run.Status.FAILED, error="late"))
+    run.refresh_from_db()
+    assert run.status == "running" and run.error == ""
+
+
+def test_cancel_ends_the_run_and_its_pending_interrupt(team: Team, reviewer: User) -> None:
+    run = start(team, reviewer)
+    runner.cancel(run, reviewer)
+    run.refresh_from_db()
+    assert run.status == "cancelled"
+    assert run.interrupts.get().status == "cancelled"
+    with pytest.raises(runner.AlreadyDecided, match="already cancelled by reviewer1"):
+        runner.resume(run.interrupts.get(), {"approved": True}, reviewer)
+    with pytest.raises(runner.NotCancellable):
+        runner.cancel(run, reviewer)
+
+
+def test_the_event_log_is_append_only(team: Team, reviewer: User) -> None:
+    run = start(team, reviewer)
+    event = run.events.first()
+    assert event is not None
+    event.actor_name = "someone else"
+    with pytest.raises(TypeError):
+        event.save()
+    with pytest.raises(TypeError):
+        event.delete()
+    with pytest.raises(TypeError):
+        RunEvent.objects.filter(run=run).update(actor_name="x")
+    with pytest.raises(TypeError):
+        RunEvent.objects.filter(run=run).delete()
