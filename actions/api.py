@@ -10,13 +10,13 @@ import asyncio
 import re
 import time
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
-from ninja import NinjaAPI, Query, Schema, Status
+from ninja import NinjaAPI, Schema, Status
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
 from pydantic import Field
@@ -29,6 +29,13 @@ from actions.models import ApiToken, Interrupt, Run
 class TokenAuth(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str) -> ApiToken | None:
         return ApiToken.authenticate(token)
+
+
+def token_of(request: HttpRequest) -> ApiToken:
+    """The token that ninja's auth put on the request (every endpoint requires one)."""
+    token = request.auth  # type: ignore[attr-defined]
+    assert isinstance(token, ApiToken)
+    return token
 
 
 api = NinjaAPI(
@@ -276,7 +283,7 @@ def list_actions(request: HttpRequest) -> list[dict[str, Any]]:
 async def create_run(request: HttpRequest, payload: RunIn) -> Status[dict[str, Any]]:
     """Start a run of an action in the token's team. `Prefer: wait=N` waits up to N seconds
     (at most 30) for it to settle: 200 when it has, 202 while it is still queued or running."""
-    token: ApiToken = request.auth  # type: ignore[attr-defined]
+    token = token_of(request)
 
     def start() -> Run:
         return runner.start_run(payload.action, payload.input, token.team, token, Run.Consumer.API)
@@ -287,24 +294,21 @@ async def create_run(request: HttpRequest, payload: RunIn) -> Status[dict[str, A
 
 @api.get("/runs/{run_id}", response={200: RunDetailOut, 404: Error}, tags=["runs"])
 def read_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
-    return run_out(request, get_run(request.auth, run_id), transcript=True)  # type: ignore[arg-type]
+    return run_out(request, get_run(token_of(request), run_id), transcript=True)
 
 
 @api.get("/interrupts", response=list[InterruptListItem], tags=["interrupts"])
 def list_interrupts(
     request: HttpRequest,
     status: Interrupt.Status | None = None,
-    limit: int = Query(100, ge=1, le=500),
+    limit: Annotated[int, Field(ge=1, le=500)] = 100,
 ) -> list[dict[str, Any]]:
     """The team's interrupts, newest first; filter with `?status=pending`."""
-    token: ApiToken = request.auth  # type: ignore[assignment]
+    token = token_of(request)
     interrupts = Interrupt.objects.filter(team=token.team_id).order_by("-created_at", "-id")
     if status:
         interrupts = interrupts.filter(status=status)
-    return [
-        {**transcript_entry(it), "run_id": it.run_id, "action": it.action}
-        for it in interrupts[:limit]
-    ]
+    return [{**transcript_entry(it), "run_id": it.run_id, "action": it.action} for it in interrupts[:limit]]
 
 
 @api.post(
@@ -317,7 +321,7 @@ async def resume_interrupt(
     request: HttpRequest, interrupt_id: int, payload: ResumeIn
 ) -> Status[dict[str, Any]]:
     """Answer a pending interrupt; the run re-runs its action with `data` as the answer."""
-    token: ApiToken = request.auth  # type: ignore[attr-defined]
+    token = token_of(request)
 
     def decide() -> Interrupt:
         return runner.resume(get_interrupt(token, interrupt_id), payload.data, token)
@@ -336,7 +340,7 @@ async def reject_interrupt(
     request: HttpRequest, interrupt_id: int, payload: RejectIn
 ) -> Status[dict[str, Any]]:
     """Reject a pending interrupt with a reason: an action's run ends `rejected`."""
-    token: ApiToken = request.auth  # type: ignore[attr-defined]
+    token = token_of(request)
 
     def decide() -> Interrupt:
         return runner.reject(get_interrupt(token, interrupt_id), payload.error, token)

@@ -112,7 +112,11 @@ def await_payment(ctx: ActionContext) -> dict[str, Any]:
             {"reference": ctx.input.reference, "expected_amount": ctx.input.expected_amount},
         )
     received = ctx.resumption.data["received_amount"]
-    return {"reference": ctx.input.reference, "received": received, "settled": received >= ctx.input.expected_amount}
+    return {
+        "reference": ctx.input.reference,
+        "received": received,
+        "settled": received >= ctx.input.expected_amount,
+    }
 
 
 class AnnouncementInput(BaseModel):
@@ -124,7 +128,9 @@ class AnnouncementInput(BaseModel):
 async def publish_announcement(ctx: ActionContext) -> dict[str, Any]:
     """Publish an announcement to every customer (an async action)."""
     if not ctx.resumption:
-        raise ActionInterrupt("Publish this announcement to every customer?", {"title": ctx.input.title, "body": ctx.input.body})
+        raise ActionInterrupt(
+            "Publish this announcement to every customer?", {"title": ctx.input.title, "body": ctx.input.body}
+        )
     if not approved(ctx.resumption.data):
         raise ActionError("announcement not approved")
     await asyncio.sleep(0)

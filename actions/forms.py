@@ -5,6 +5,7 @@ then the model validates, and its errors are put back on the fields."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -38,7 +39,8 @@ def _field(prop: dict[str, Any], required: bool) -> forms.Field:
     kind = prop.get("type")
     if "enum" in prop:
         choices = [(value, str(value)) for value in prop["enum"]]
-        return forms.TypedChoiceField(choices=choices, coerce=type(prop["enum"][0]), **common)
+        coerce: Callable[[Any], Any] = type(prop["enum"][0])
+        return forms.TypedChoiceField(choices=choices, coerce=coerce, **common)
     if kind == "boolean":
         return forms.BooleanField(**{**common, "required": False})
     if kind == "integer":

@@ -63,11 +63,7 @@ class ApiToken(models.Model):
 
     @classmethod
     def authenticate(cls, key: str) -> ApiToken | None:
-        token = (
-            cls.objects.select_related("team")
-            .filter(key_hash=hash_token(key), revoked_at=None)
-            .first()
-        )
+        token = cls.objects.select_related("team").filter(key_hash=hash_token(key), revoked_at=None).first()
         if token is not None:
             now = timezone.now()
             # Written at most once a minute: a busy client must not turn reads into writes.
@@ -260,9 +256,7 @@ class RunEvent(models.Model):
         CHECKPOINT_VIEWED = "checkpoint_viewed"
 
     run = models.ForeignKey(Run, models.CASCADE, related_name="events")
-    interrupt = models.ForeignKey(
-        Interrupt, models.CASCADE, null=True, blank=True, related_name="events"
-    )
+    interrupt = models.ForeignKey(Interrupt, models.CASCADE, null=True, blank=True, related_name="events")
     kind = models.CharField(max_length=30, choices=Kind.choices)
     actor = models.ForeignKey(
         settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+"

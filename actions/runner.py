@@ -237,9 +237,7 @@ def resume(interrupt: Interrupt, data: Any, by: Actor) -> Interrupt:
     Raises InvalidAnswer (nothing changed) or AlreadyDecided (someone else was first).
     """
     answer = validate_answer(interrupt, data)
-    return _decide(
-        interrupt.pk, Interrupt.Status.APPROVED, by, answer=answer, then=_queue_if_nothing_pending
-    )
+    return _decide(interrupt.pk, Interrupt.Status.APPROVED, by, answer=answer, then=_queue_if_nothing_pending)
 
 
 def reject(interrupt: Interrupt, reason: str, by: Actor) -> Interrupt:
@@ -263,7 +261,10 @@ def reject(interrupt: Interrupt, reason: str, by: Actor) -> Interrupt:
 def _finish_with_pending_cancelled(run: Run, status: str, *, error: str = "", by: Actor = None) -> None:
     now = timezone.now()
     run.interrupts.filter(status=Interrupt.Status.PENDING).update(
-        status=Interrupt.Status.CANCELLED, decided_at=now, decided_by=actor_user(by), decided_by_name=actor_name(by)
+        status=Interrupt.Status.CANCELLED,
+        decided_at=now,
+        decided_by=actor_user(by),
+        decided_by_name=actor_name(by),
     )
     Run.objects.filter(pk=run.pk).update(
         status=status, error=error, finished_at=now, updated_at=now, lease_expires_at=None
@@ -379,9 +380,7 @@ def record(run: Run, result: StepResult) -> None:
             changes.update(output=result.output, finished_at=now, error="")
         elif result.status == Status.FAILED:
             changes.update(error=result.error, finished_at=now)
-        recorded = Run.objects.filter(pk=run.pk, status=Status.RUNNING, attempt=run.attempt).update(
-            **changes
-        )
+        recorded = Run.objects.filter(pk=run.pk, status=Status.RUNNING, attempt=run.attempt).update(**changes)
         if not recorded:
             logger.warning("run %s attempt %s lost its lease; result dropped", run.pk, run.attempt)
             return

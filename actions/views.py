@@ -8,11 +8,13 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
 from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
+from django_htmx.middleware import HtmxDetails
 
 from actions import runner
 from actions.core import Action, UnknownAction, registry
@@ -20,24 +22,31 @@ from actions.forms import ApprovalForm, RejectForm, SchemaForm, form_for_schema
 from actions.models import Interrupt, Run, RunEvent, Team
 
 
+class AuthenticatedRequest(HttpRequest):
+    """What a @login_required view receives, with django-htmx's details."""
+
+    htmx: HtmxDetails
+    user: User
+
+
 def site_context(request: HttpRequest) -> dict[str, Any]:
     return {"site_name": settings.SITE_NAME}
 
 
-def _htmx(request: HttpRequest) -> bool:
-    return bool(getattr(request, "htmx", False))
+def _htmx(request: AuthenticatedRequest) -> bool:
+    return bool(request.htmx)
 
 
 # Permission-scoped lookups: another team's objects are 404, never 403, so ids leak nothing.
 
 
-def _visible_runs(user: Any) -> QuerySet[Run]:
+def _visible_runs(user: User) -> QuerySet[Run]:
     if user.is_staff:
         return Run.objects.all()
     return Run.objects.filter(team__members=user)
 
 
-def _get_interrupt_for_user(user: Any, pk: int) -> Interrupt:
+def _get_interrupt_for_user(user: User, pk: int) -> Interrupt:
     interrupts = Interrupt.objects.select_related("run", "team")
     if not user.is_staff:
         interrupts = interrupts.filter(team__members=user)
@@ -47,14 +56,14 @@ def _get_interrupt_for_user(user: Any, pk: int) -> Interrupt:
     return interrupt
 
 
-def _get_run_for_user(user: Any, pk: int) -> Run:
+def _get_run_for_user(user: User, pk: int) -> Run:
     run = _visible_runs(user).select_related("team").filter(pk=pk).first()
     if run is None:
         raise Http404("No such run")
     return run
 
 
-def _can_decide(user: Any, interrupt: Interrupt) -> bool:
+def _can_decide(user: User, interrupt: Interrupt) -> bool:
     return interrupt.team.members.filter(pk=user.pk).exists()
 
 
@@ -66,7 +75,7 @@ def _action_or_none(name: str) -> Action | None:
 
 
 @login_required
-def inbox(request: HttpRequest) -> HttpResponse:
+def inbox(request: AuthenticatedRequest) -> HttpResponse:
     teams = list(Team.objects.filter(members=request.user))
     pending = (
         Interrupt.objects.filter(team__in=teams, status=Interrupt.Status.PENDING)
@@ -103,7 +112,7 @@ def _answer_form(interrupt: Interrupt, data: Any = None) -> SchemaForm | Approva
     return ApprovalForm(data, prefix="answer")
 
 
-def _decision_context(request: HttpRequest, interrupt: Interrupt, **extra: Any) -> dict[str, Any]:
+def _decision_context(request: AuthenticatedRequest, interrupt: Interrupt, **extra: Any) -> dict[str, Any]:
     can_decide = _can_decide(request.user, interrupt)
     context = {
         "interrupt": interrupt,
@@ -116,7 +125,7 @@ def _decision_context(request: HttpRequest, interrupt: Interrupt, **extra: Any) 
 
 
 @login_required
-def interrupt_detail(request: HttpRequest, pk: int) -> HttpResponse:
+def interrupt_detail(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     interrupt = _get_interrupt_for_user(request.user, pk)
     if _htmx(request) and request.GET.get("panel"):
         # Re-fetched after a push. While it is still pending, keep what the reviewer typed.
@@ -128,16 +137,23 @@ def interrupt_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "actions/interrupt.html", context)
 
 
-def _render_decision(request: HttpRequest, interrupt: Interrupt, status: int = 200, **extra: Any) -> HttpResponse:
+def _render_decision(
+    request: AuthenticatedRequest, interrupt: Interrupt, status: int = 200, **extra: Any
+) -> HttpResponse:
     context = _decision_context(request, interrupt, **extra)
     if _htmx(request):
         # htmx swaps only 2xx responses: errors are shown in the fragment, with a 200.
         return render(request, "actions/partials/decision.html", context)
     earlier = interrupt.run.interrupts.filter(seq__lt=interrupt.seq).order_by("seq")
-    return render(request, "actions/interrupt.html", {**context, "earlier": earlier, "run": interrupt.run}, status=status)
+    return render(
+        request,
+        "actions/interrupt.html",
+        {**context, "earlier": earlier, "run": interrupt.run},
+        status=status,
+    )
 
 
-def _decided(request: HttpRequest, interrupt: Interrupt, text: str) -> HttpResponse:
+def _decided(request: AuthenticatedRequest, interrupt: Interrupt, text: str) -> HttpResponse:
     if _htmx(request):
         interrupt.refresh_from_db()
         return _render_decision(request, interrupt, notice=text)
@@ -147,10 +163,12 @@ def _decided(request: HttpRequest, interrupt: Interrupt, text: str) -> HttpRespo
 
 @login_required
 @require_POST
-def approve(request: HttpRequest, pk: int) -> HttpResponse:
+def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     interrupt = _get_interrupt_for_user(request.user, pk)
     if not _can_decide(request.user, interrupt):
-        return _render_decision(request, interrupt, status=403, error=f"Only members of {interrupt.team} can decide this.")
+        return _render_decision(
+            request, interrupt, status=403, error=f"Only members of {interrupt.team} can decide this."
+        )
     form = _answer_form(interrupt, request.POST)
     if not form.is_valid():
         return _render_decision(request, interrupt, status=422, answer_form=form)
@@ -169,10 +187,12 @@ def approve(request: HttpRequest, pk: int) -> HttpResponse:
 
 @login_required
 @require_POST
-def reject(request: HttpRequest, pk: int) -> HttpResponse:
+def reject(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     interrupt = _get_interrupt_for_user(request.user, pk)
     if not _can_decide(request.user, interrupt):
-        return _render_decision(request, interrupt, status=403, error=f"Only members of {interrupt.team} can decide this.")
+        return _render_decision(
+            request, interrupt, status=403, error=f"Only members of {interrupt.team} can decide this."
+        )
     form = RejectForm(request.POST, prefix="reject")
     if not form.is_valid():
         return _render_decision(request, interrupt, status=422, reject_form=form, open_reject=True)
@@ -194,7 +214,7 @@ def _timeline(run: Run) -> list[RunEvent]:
 
 
 @login_required
-def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
+def run_detail(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     run = _get_run_for_user(request.user, pk)
     context = {"run": run, "events": _timeline(run), "interrupts": list(run.interrupts.order_by("seq"))}
     if _htmx(request):
@@ -203,13 +223,13 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @login_required
-def start(request: HttpRequest) -> HttpResponse:
+def start(request: AuthenticatedRequest) -> HttpResponse:
     teams = Team.objects.filter(members=request.user)
     return render(request, "actions/start.html", {"actions": registry.all(), "has_team": teams.exists()})
 
 
 @login_required
-def start_action(request: HttpRequest, name: str) -> HttpResponse:
+def start_action(request: AuthenticatedRequest, name: str) -> HttpResponse:
     try:
         act = registry.get(name)
     except UnknownAction:
@@ -234,11 +254,13 @@ def start_action(request: HttpRequest, name: str) -> HttpResponse:
                     return HttpResponseClientRedirect(run.get_absolute_url())
                 return redirect(run)
     context = {"action": act, "form": form, "teams": teams, "error": error}
-    return render(request, "actions/start_action.html", context, status=422 if request.method == "POST" else 200)
+    return render(
+        request, "actions/start_action.html", context, status=422 if request.method == "POST" else 200
+    )
 
 
 @login_required
-def runs(request: HttpRequest) -> HttpResponse:
+def runs(request: AuthenticatedRequest) -> HttpResponse:
     """Recent runs of the user's teams."""
     visible = _visible_runs(request.user).select_related("team")
     status = request.GET.get("status", "")

@@ -118,7 +118,7 @@ if _database["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
     _database["TEST"] = {"NAME": os.getenv("TEST_SQLITE_NAME", str(BASE_DIR / "test.sqlite3"))}
-DATABASES: dict[str, dict[str, Any]] = {"default": _database}
+DATABASES: dict[str, Any] = {"default": _database}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Redis, when set, is the Celery broker and the channel layer shared by every process.

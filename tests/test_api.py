@@ -101,7 +101,9 @@ def test_an_answer_that_does_not_fit_is_422_with_field_errors_and_changes_nothin
     assert response.status_code == 422
     assert [e["loc"] for e in response.json()["detail"]] == [["ticket"]]
     assert api.get(f"/runs/{run['id']}").json()["status"] == "interrupted"
-    assert api.post(url, {"data": {"confirm_customer_id": "c", "ticket": "T-1"}}).json()["status"] == "completed"
+    assert (
+        api.post(url, {"data": {"confirm_customer_id": "c", "ticket": "T-1"}}).json()["status"] == "completed"
+    )
 
 
 def test_unknown_action_is_404_and_invalid_input_is_422(api: Api) -> None:
@@ -111,7 +113,10 @@ def test_unknown_action_is_404_and_invalid_input_is_422(api: Api) -> None:
     assert invalid.status_code == 422
     assert {tuple(e["loc"]) for e in invalid.json()["detail"]} == {("invoice_id",), ("amount",)}
     malformed = api.client.post(
-        "/api/runs", "{not json", content_type="application/json", headers={"Authorization": f"Bearer {api.key}"}
+        "/api/runs",
+        "{not json",
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {api.key}"},
     )
     assert malformed.status_code in (400, 422) and "detail" in malformed.json()
     assert not Run.objects.exists()
@@ -138,7 +143,9 @@ def test_another_teams_runs_and_interrupts_are_404(api: Api, other_api: Api) -> 
 
 def test_without_prefer_wait_the_response_does_not_wait(api: Api) -> None:
     # Steps run inline in this test process, so the run is settled either way; the point is the shape.
-    response = api.post("/runs", {"action": "send_invoice", "input": {"invoice_id": "A", "amount": 1}}, wait=None)
+    response = api.post(
+        "/runs", {"action": "send_invoice", "input": {"invoice_id": "A", "amount": 1}}, wait=None
+    )
     assert response.status_code in (200, 202)
     assert set(response.json()) == {"id", "action", "consumer", "status", "output", "error", "interrupt"}
 

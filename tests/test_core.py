@@ -33,7 +33,11 @@ class Ping(BaseModel):
 def test_core_imports_nothing_from_django() -> None:
     code = "import sys, actions.core; print([m for m in sys.modules if m.split('.')[0] == 'django'])"
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1]
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parents[1],
     )
     assert out.stdout.strip() == "[]"
 

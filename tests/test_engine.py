@@ -123,7 +123,8 @@ def test_a_typed_answer_that_does_not_match_pauses_again(team: Team, reviewer: U
     run = start(team, reviewer, "delete_customer_data", customer_id="cus_1")
     runner.resume(pending(run), {"confirm_customer_id": "cus_2", "ticket": "T-9"}, reviewer)
     again = pending(run)
-    assert again.seq == 2 and again.data["previous_confirmation"] == "cus_2"
+    assert again.seq == 2 and isinstance(again.data, dict)
+    assert again.data["previous_confirmation"] == "cus_2"
     runner.resume(again, {"confirm_customer_id": "cus_1", "ticket": "T-9", "scope": "everything"}, reviewer)
     run.refresh_from_db()
     assert run.output == {"deleted": "cus_1", "scope": "everything", "ticket": "T-9"}
@@ -171,7 +172,8 @@ def test_two_reviewers_deciding_at_once_give_exactly_one_decision_and_one_resume
     winner = next(name for name, value in outcomes.items() if value == "won")
     assert loser.startswith(f"already approved by {winner}")
     run.refresh_from_db()
-    assert run.status == "completed" and run.output["approved_by_answer"]["who"] == winner
+    assert run.status == "completed"
+    assert isinstance(run.output, dict) and run.output["approved_by_answer"]["who"] == winner
     assert kinds(run).count("resumed") == 1 and kinds(run).count("completed") == 1
 
 

@@ -38,7 +38,7 @@ def _render(value: Any, depth: int) -> str:
     if value is None:
         return '<span class="muted">null</span>'
     if isinstance(value, bool):
-        return f'<code>{"true" if value else "false"}</code>'
+        return f"<code>{'true' if value else 'false'}</code>"
     if isinstance(value, (int, float)):
         return f"<code>{escape(str(value))}</code>"
     return _leaf(str(value))

@@ -19,7 +19,7 @@ def site(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Site]:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)

@@ -87,7 +87,14 @@ class Site:
     def daphne(self, port: int | None = None) -> Server:
         port = port or free_port()
         proc = self.spawn(
-            f"daphne-{port}", sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+            f"daphne-{port}",
+            sys.executable,
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
             "grundlag_site.asgi:application",
         )
         wait_for_port(port, proc)
@@ -95,9 +102,23 @@ class Site:
 
     def worker(self, name: str = "w1", concurrency: int = 2) -> subprocess.Popen[bytes]:
         proc = self.spawn(
-            f"worker-{name}", sys.executable, "-m", "celery", "-A", "grundlag_site", "worker",
-            "--pool", "threads", "--concurrency", str(concurrency), "--hostname", f"{name}@%h",
-            "--loglevel", "INFO", "--without-mingle", "--without-gossip",
+            f"worker-{name}",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "grundlag_site",
+            "worker",
+            "--pool",
+            "threads",
+            "--concurrency",
+            str(concurrency),
+            "--hostname",
+            f"{name}@%h",
+            "--loglevel",
+            "INFO",
+            "--without-mingle",
+            "--without-gossip",
         )
         return proc
 

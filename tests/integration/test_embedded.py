@@ -28,7 +28,9 @@ def test_a_run_pauses_and_is_answered_over_http_through_the_embedded_worker(site
         pending = api.get("/api/interrupts", params={"status": "pending"}).json()
         assert [p["id"] for p in pending] == [run["interrupt"]["id"]]
 
-        resumed = api.post(run["interrupt"]["resume_url"], json={"data": {"approved": True}}, headers={"Prefer": "wait=20"})
+        resumed = api.post(
+            run["interrupt"]["resume_url"], json={"data": {"approved": True}}, headers={"Prefer": "wait=20"}
+        )
         assert resumed.status_code == 200
         assert resumed.json()["status"] == "completed"
         assert resumed.json()["output"] == {
@@ -41,7 +43,9 @@ def test_a_run_pauses_and_is_answered_over_http_through_the_embedded_worker(site
 def test_without_prefer_wait_a_queued_run_is_202_and_settles_later(site: Site) -> None:
     token = site.seed()
     with site.serve().client(token) as api:
-        response = api.post("/api/runs", json={"action": "send_invoice", "input": {"invoice_id": "A", "amount": 1}})
+        response = api.post(
+            "/api/runs", json={"action": "send_invoice", "input": {"invoice_id": "A", "amount": 1}}
+        )
         assert response.status_code in (200, 202)
         run_id = response.json()["id"]
         deadline = time.monotonic() + 20
@@ -59,7 +63,11 @@ def test_pending_interrupts_survive_a_restart_and_resume_in_a_fresh_process(site
             json={"action": "transfer_funds", "input": {"amount": 5000, "to": "DE12"}},
             headers={"Prefer": "wait=20"},
         ).json()
-        second = api.post(run["interrupt"]["resume_url"], json={"data": {"approved": True, "n": 1}}, headers={"Prefer": "wait=20"}).json()
+        second = api.post(
+            run["interrupt"]["resume_url"],
+            json={"data": {"approved": True, "n": 1}},
+            headers={"Prefer": "wait=20"},
+        ).json()
         assert second["interrupt"]["seq"] == 2
     assert stop(first.proc, signal.SIGTERM) == 0, "serve stops cleanly on SIGTERM"
 
@@ -81,7 +89,8 @@ def test_a_step_left_running_by_a_crashed_process_is_run_again_at_start(site: Si
     server = site.serve()
     with server.client(token) as api:
         run = api.post(
-            "/api/runs", json={"action": "send_invoice", "input": {"invoice_id": "A", "amount": 1}},
+            "/api/runs",
+            json={"action": "send_invoice", "input": {"invoice_id": "A", "amount": 1}},
             headers={"Prefer": "wait=20"},
         ).json()
     stop(server.proc, signal.SIGKILL)

@@ -15,7 +15,10 @@ DEMO_RUNS = [
     ("transfer_funds", {"amount": 2500.0, "to": "DE89 3704 0044 0532 0130 00"}),
     ("delete_customer_data", {"customer_id": "cus_8812", "requested_by": "support ticket #3312"}),
     ("await_payment", {"reference": "RF18 5390 0754 7034", "expected_amount": 980.0}),
-    ("publish_announcement", {"title": "Maintenance on Sunday", "body": "The portal is offline 02:00-04:00 UTC."}),
+    (
+        "publish_announcement",
+        {"title": "Maintenance on Sunday", "body": "The portal is offline 02:00-04:00 UTC."},
+    ),
 ]
 
 
@@ -31,7 +34,12 @@ class Command(BaseCommand):
             team, _ = Team.objects.get_or_create(slug="demo", defaults={"name": "Demo team"})
             other, _ = Team.objects.get_or_create(slug="payroll", defaults={"name": "Payroll"})
             people = {}
-            for username, staff in (("reviewer1", False), ("reviewer2", False), ("auditor", True), ("payroll1", False)):
+            for username, staff in (
+                ("reviewer1", False),
+                ("reviewer2", False),
+                ("auditor", True),
+                ("payroll1", False),
+            ):
                 user, _ = users.objects.get_or_create(username=username, defaults={"is_staff": staff})
                 user.is_staff = user.is_superuser = staff
                 # Demo passwords are fixed so a second `make run` prints the same ones.
@@ -40,7 +48,9 @@ class Command(BaseCommand):
                 people[username] = user
             team.members.add(people["reviewer1"], people["reviewer2"])
             other.members.add(people["payroll1"])
-            ApiToken.objects.filter(team=team, name="demo", revoked_at=None).update(revoked_at=team.created_at)
+            ApiToken.objects.filter(team=team, name="demo", revoked_at=None).update(
+                revoked_at=team.created_at
+            )
             _, key = ApiToken.issue(team, "demo")
 
         started = 0
@@ -50,7 +60,9 @@ class Command(BaseCommand):
                 started += 1
 
         for username in people:
-            self.stdout.write(f"  user {username:<10} password {os.getenv('DEMO_PASSWORD', f'{username}-demo')}")
+            self.stdout.write(
+                f"  user {username:<10} password {os.getenv('DEMO_PASSWORD', f'{username}-demo')}"
+            )
         self.stdout.write("  team demo: reviewer1, reviewer2; team payroll: payroll1; auditor is staff")
         self.stdout.write(f"  started {started} demo run(s)")
         self.stdout.write(f"  API token for team demo: {key}")
