@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: run test lint format lock venv clean bench scaled-services scaled-web scaled-workers
+.PHONY: run test lint format lock venv clean bench screenshots
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -43,3 +43,7 @@ lock:
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache staticfiles test.sqlite3*
+
+# Refresh the README's screenshots (docs/inbox.png, docs/decision.png) from the browser test.
+screenshots: venv
+	GRUNDLAG_SCREENSHOTS=docs $(BIN)/pytest tests/browser -k live_and_one_decision -q

@@ -49,7 +49,8 @@ def _field(prop: dict[str, Any], required: bool) -> forms.Field:
         return forms.FloatField(min_value=prop.get("minimum"), max_value=prop.get("maximum"), **common)
     if kind == "string":
         max_length = prop.get("maxLength")
-        widget = forms.Textarea(attrs={"rows": 4}) if (max_length or 10_000) > MAX_TEXT_INPUT else None
+        long_text = max_length is not None and max_length > MAX_TEXT_INPUT
+        widget = forms.Textarea(attrs={"rows": 4}) if long_text else None
         return forms.CharField(
             max_length=max_length, min_length=prop.get("minLength"), widget=widget, strip=True, **common
         )

@@ -150,8 +150,10 @@ def start_run(
             driver_state=driver_state or {},
         )
         _log(run, RunEvent.Kind.STARTED, by, consumer=consumer)
-        _enqueue(run.pk)
+        # Pushes are registered before the enqueue, so browsers hear of this change before
+        # any change the step makes (on_commit callbacks run in order).
         _push_after_commit(team.pk, "run", run_id=run.pk, status=run.status)
+        _enqueue(run.pk)
     return run
 
 
@@ -207,7 +209,6 @@ def _decide(
             _log(run, RunEvent.Kind.APPROVED, by, interrupt, seq=interrupt.seq)
         else:
             _log(run, RunEvent.Kind.REJECTED, by, interrupt, seq=interrupt.seq, reason=reason)
-        then(run, interrupt)
         _push_after_commit(
             run.team_id,
             "decided",
@@ -216,6 +217,7 @@ def _decide(
             status=interrupt.status,
             decided_by=interrupt.decided_by_name,
         )
+        then(run, interrupt)
     return interrupt
 
 

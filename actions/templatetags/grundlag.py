@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from django import template
+from django.utils import timezone
 from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.timesince import timesince
 
 register = template.Library()
 
@@ -57,5 +60,8 @@ def _leaf(text: str) -> str:
 
 
 @register.filter
-def pretty_json(value: Any) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+def age(value: datetime) -> str:
+    """How long ago, for people: "just now", "4 minutes", "2 hours, 3 minutes"."""
+    if (timezone.now() - value).total_seconds() < 60:
+        return "just now"
+    return f"{timesince(value)} ago"

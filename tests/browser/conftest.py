@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Dialog, Page, sync_playwright
+
+from tests.integration.conftest import pytest_runtest_makereport, site  # noqa: F401 - shared fixtures
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        pytest.fail("browser tests need Debian's Chromium: apt-get install chromium (.ci/run does)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def log_in(browser: Browser, base_url: str, username: str, password: str | None = None) -> Page:
+    context = browser.new_context(base_url=base_url, viewport={"width": 1200, "height": 720})
+    page = context.new_page()
+    page.goto("/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password or f"{username}-demo")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base_url}/")
+    wait_live(page)
+    return page
+
+
+def wait_live(page: Page, timeout: float = 15_000) -> None:
+    page.wait_for_selector("#live[data-state=live]", timeout=timeout)
+
+
+def collect_dialogs(page: Page) -> list[str]:
+    """Any alert()/confirm() a page opens: an XSS payload that ran would show up here."""
+    dialogs: list[str] = []
+
+    def record(dialog: Dialog) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", record)
+    return dialogs

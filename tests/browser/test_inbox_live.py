@@ -1,0 +1,118 @@
+"""Two reviewers of one team and a reviewer of another, in Chromium, against `manage.py serve`."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, expect
+
+from tests.browser.conftest import collect_dialogs, log_in
+from tests.integration.processes import Site, stop
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+XSS = '<img src=x onerror="alert(document.domain)"><script>alert(1)</script>'
+
+
+def screenshot_dir(tmp_path: Path) -> Path:
+    # `make screenshots` sets this to docs/ to refresh the README's pictures.
+    return Path(os.environ.get("GRUNDLAG_SCREENSHOTS", tmp_path))
+
+
+def test_reviewers_see_a_new_approval_live_and_one_decision_clears_it_everywhere(
+    site: Site, browser: Browser, tmp_path: Path
+) -> None:
+    site.manage("migrate", "--noinput", "-v0")
+    token = site.manage("seed_demo").strip().splitlines()[-1].split(": ")[-1]
+    server = site.serve()
+
+    reviewer1 = log_in(browser, server.url, "reviewer1")
+    reviewer2 = log_in(browser, server.url, "reviewer2")
+    payroll = log_in(browser, server.url, "payroll1")
+    dialogs = [collect_dialogs(page) for page in (reviewer1, reviewer2, payroll)]
+    # The demo runs `make run` seeds are paused and waiting.
+    expect(reviewer1.locator("#inbox tbody tr")).to_have_count(5)
+    expect(reviewer2).to_have_title("(5) Inbox · Grundlag approvals")
+
+    with server.client(token) as api:
+        run = api.post(
+            "/api/runs",
+            json={"action": "delete_customer_data", "input": {"customer_id": "cus_77", "requested_by": XSS}},
+            headers={"Prefer": "wait=20"},
+        ).json()
+    interrupt_id = run["interrupt"]["id"]
+    row = f"#interrupt-{interrupt_id}"
+
+    # It appears for both reviewers of the team without a reload...
+    expect(reviewer1.locator(row)).to_be_visible()
+    expect(reviewer2.locator(row)).to_be_visible()
+    expect(reviewer2).to_have_title("(6) Inbox · Grundlag approvals")
+    reviewer1.screenshot(path=str(screenshot_dir(tmp_path) / "inbox.png"))
+    # ...and reviewer2 also has it open, about to decide.
+    reviewer2_detail = reviewer2.context.new_page()
+    reviewer2_detail.goto(f"/interrupts/{interrupt_id}/")
+    expect(reviewer2_detail.locator("#live")).to_have_attribute("data-state", "live")
+    expect(reviewer2_detail.locator("button.approve")).to_be_visible()
+
+    reviewer1.click(f"{row} a.message")
+    expect(reviewer1.locator("h1")).to_contain_text("Delete data of customer cus_77")
+    expect(reviewer1.locator("main")).to_contain_text(XSS)  # shown as text, not markup
+    reviewer1.fill("#id_answer-confirm_customer_id", "cus_77")
+    reviewer1.select_option("#id_answer-scope", "everything")
+    reviewer1.fill("#id_answer-ticket", "SEC-42")
+    reviewer1.screenshot(path=str(screenshot_dir(tmp_path) / "decision.png"), full_page=True)
+    reviewer1.click("button.approve")
+    expect(reviewer1.locator("#decision")).to_contain_text("Already approved by reviewer1")
+
+    # Gone from reviewer2's inbox, and the open page says who decided instead of offering a form.
+    expect(reviewer2.locator(row)).to_have_count(0)
+    expect(reviewer2).to_have_title("(5) Inbox · Grundlag approvals")
+    expect(reviewer2_detail.locator("#decision")).to_contain_text("Already approved by reviewer1")
+    expect(reviewer2_detail.locator("button.approve")).to_have_count(0)
+
+    with server.client(token) as api:
+        deadline = time.monotonic() + 20
+        while (detail := api.get(f"/api/runs/{run['id']}").json())["status"] != "completed":
+            assert time.monotonic() < deadline, detail
+            time.sleep(0.1)
+    assert detail["output"] == {"deleted": "cus_77", "scope": "everything", "ticket": "SEC-42"}
+    assert detail["transcript"][0]["decided_by"] == "reviewer1"
+
+    # The run page shows the transcript, live.
+    reviewer1.goto(f"/runs/{run['id']}/")
+    expect(reviewer1.locator("#run-status")).to_have_text("completed")
+    expect(reviewer1.locator("ol.timeline")).to_contain_text("Approved by reviewer1")
+
+    # The other team never saw it, and cannot open it.
+    expect(payroll.locator("#inbox tbody tr")).to_have_count(0)
+    assert payroll.goto(f"/interrupts/{interrupt_id}/").status == 404  # type: ignore[union-attr]
+    assert dialogs == [[], [], []], "no script from the payload ran"
+
+
+def test_a_reviewer_whose_socket_dropped_catches_up_on_reconnect_without_reload(
+    site: Site, browser: Browser
+) -> None:
+    site.seed()
+    server = site.serve()
+    reviewer = log_in(browser, server.url, "reviewer1")
+    expect(reviewer.locator("#inbox tbody tr")).to_have_count(0)
+    reviewer.evaluate("window.notReloaded = true")
+
+    stop(server.proc)
+    expect(reviewer.locator("#live")).to_have_attribute("data-state", "reconnecting")
+    # While the server is down, a run is queued; no push about it can reach the page.
+    site.manage(
+        "shell",
+        "-c",
+        "from actions import runner; from actions.models import Team; "
+        "runner.start_run('send_invoice', {'invoice_id': 'MISSED-1', 'amount': 5}, "
+        "Team.objects.get(slug='demo'), None)",
+    )
+    site.serve(port=server.port)
+
+    expect(reviewer.locator("#live")).to_have_attribute("data-state", "live", timeout=30_000)
+    expect(reviewer.locator("#inbox")).to_contain_text("MISSED-1", timeout=20_000)
+    assert reviewer.evaluate("window.notReloaded") is True

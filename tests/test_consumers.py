@@ -1,0 +1,130 @@
+"""The reviewers' websocket, with channels' WebsocketCommunicator and the in-memory layer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import AnonymousUser, User
+
+from actions import runner
+from actions.consumers import InboxConsumer
+from actions.models import Interrupt, Run, Team
+from grundlag_site.asgi import application
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def connect(user: Any) -> WebsocketCommunicator:
+    communicator = WebsocketCommunicator(InboxConsumer.as_asgi(), "/ws/inbox/")
+    communicator.scope["user"] = user
+    connected, _ = await communicator.connect()
+    assert connected
+    assert await communicator.receive_json_from() == {"event": "hello", "teams": 1}
+    return communicator
+
+
+@database_sync_to_async
+def start_invoice(team: Team) -> Interrupt:
+    run = runner.start_run("send_invoice", {"invoice_id": "I-1", "amount": 1}, team, None, Run.Consumer.API)
+    return run.interrupts.get()
+
+
+async def frames_until(communicator: WebsocketCommunicator, event: str) -> list[dict[str, Any]]:
+    frames = []
+    while True:
+        frame = await communicator.receive_json_from(timeout=5)
+        frames.append(frame)
+        if frame["event"] == event:
+            return frames
+
+
+async def test_anonymous_connections_are_refused() -> None:
+    communicator = WebsocketCommunicator(InboxConsumer.as_asgi(), "/ws/inbox/")
+    communicator.scope["user"] = AnonymousUser()
+    connected, code = await communicator.connect()
+    assert not connected and code == 4401
+
+
+async def test_foreign_origins_are_refused() -> None:
+    communicator = WebsocketCommunicator(
+        application, "/ws/inbox/", headers=[(b"origin", b"http://evil.example")]
+    )
+    connected, _ = await communicator.connect()
+    assert not connected
+
+
+async def test_a_new_interrupt_and_its_decision_reach_the_team_and_no_one_else(
+    team: Team, reviewer: User, second_reviewer: User, outsider: User
+) -> None:
+    mine, colleague, stranger = (
+        await connect(reviewer),
+        await connect(second_reviewer),
+        await connect(outsider),
+    )
+
+    interrupt = await start_invoice(team)
+    for communicator in (mine, colleague):
+        frames = await frames_until(communicator, "interrupt")
+        assert frames[-1] == {
+            "event": "interrupt",
+            "run_id": interrupt.run_id,
+            "interrupt_id": interrupt.pk,
+            "status": "pending",
+        }
+
+    await database_sync_to_async(runner.resume)(interrupt, {"approved": True}, reviewer)
+    for communicator in (mine, colleague):
+        decided = (await frames_until(communicator, "decided"))[-1]
+        assert decided["interrupt_id"] == interrupt.pk
+        assert (decided["status"], decided["decided_by"]) == ("approved", "reviewer1")
+        completed = await frames_until(communicator, "run")
+        while completed[-1]["status"] != "completed":
+            completed = await frames_until(communicator, "run")
+
+    assert await stranger.receive_nothing(timeout=0.3)
+    for communicator in (mine, colleague, stranger):
+        await communicator.disconnect()
+
+
+async def test_frames_never_carry_the_checkpoint(team: Team, reviewer: User) -> None:
+    communicator = await connect(reviewer)
+
+    @database_sync_to_async
+    def two_pauses() -> None:
+        run = runner.start_run("transfer_funds", {"amount": 5000, "to": "X"}, team, None)
+        runner.resume(run.interrupts.get(), {"marker": "CHECKPOINT-MARKER"}, reviewer)
+
+    await two_pauses()
+    seen = []
+    while not await communicator.receive_nothing(timeout=0.3):
+        seen.append(await communicator.receive_output())
+    assert seen and all("CHECKPOINT-MARKER" not in str(frame) for frame in seen)
+    await communicator.disconnect()
+
+
+async def test_a_ping_gets_a_pong_and_junk_is_ignored(team: Team, reviewer: User) -> None:
+    communicator = await connect(reviewer)
+    await communicator.send_to(text_data="ping")
+    assert await communicator.receive_json_from() == {"event": "pong"}
+    await communicator.send_to(text_data='{"type": "approve", "id": 1}')
+    await communicator.send_to(text_data="\x00\xff not json")
+    assert await communicator.receive_nothing(timeout=0.2)
+    await communicator.disconnect()
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"), [({"text_data": "x" * 70_000}, 1009), ({"bytes_data": b"\x00" * 10}, 1003)]
+)
+async def test_huge_or_binary_frames_close_the_socket(
+    team: Team, reviewer: User, frame: Any, code: int
+) -> None:
+    communicator = await connect(reviewer)
+    await communicator.send_to(**frame)
+    output = await communicator.receive_output()
+    assert output == {"type": "websocket.close", "code": code}
+    # The server is unaffected: a new connection works.
+    again = await connect(reviewer)
+    await again.disconnect()

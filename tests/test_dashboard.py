@@ -1,0 +1,236 @@
+"""The reviewers' dashboard pages, in-process (the live parts are in test_consumers and the
+browser tests)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from actions import runner
+from actions.models import Interrupt, Run, Team
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def start(team: Team, action: str = "send_invoice", **payload: Any) -> Interrupt:
+    payload = payload or {"invoice_id": "INV-9", "amount": 12.5}
+    run = runner.start_run(action, payload, team, None, Run.Consumer.API)
+    return run.interrupts.get(status="pending")
+
+
+def logged_in(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_pages_require_login(client: Client, team: Team) -> None:
+    it = start(team)
+    for url in ("/", f"/interrupts/{it.pk}/", f"/runs/{it.run_id}/", "/start/", "/runs/"):
+        response = client.get(url)
+        assert response.status_code == 302 and response["Location"].startswith("/login/")
+
+
+def test_inbox_lists_pending_interrupts_of_my_teams_with_a_count_in_the_title(
+    team: Team, other_team: Team, reviewer: User
+) -> None:
+    mine = start(team)
+    start(other_team, "transfer_funds", amount=5.0, to="X")
+    page = logged_in(reviewer).get("/").content.decode()
+    assert "<title>(1) Inbox" in page
+    assert f'id="interrupt-{mine.pk}"' in page
+    assert "invoice_id: INV-9, amount: 12.5" in page
+    assert "transfer" not in page.lower().split("<select")[0]
+
+
+def test_inbox_filters_by_action_and_team(team: Team, reviewer: User) -> None:
+    start(team)
+    transfer = start(team, "transfer_funds", amount=5.0, to="X")
+    client = logged_in(reviewer)
+    page = client.get("/", {"action": "transfer_funds"}).content.decode()
+    assert "<title>(1) Inbox" in page and f"interrupt-{transfer.pk}" in page
+    assert "<title>(0) Inbox" in client.get("/", {"team": "nope"}).content.decode()
+
+
+def test_the_inbox_fragment_is_served_to_htmx(team: Team, reviewer: User) -> None:
+    start(team)
+    response = logged_in(reviewer).get("/", headers={"HX-Request": "true"})
+    body = response.content.decode()
+    assert body.lstrip().startswith('<section id="inbox"') and 'data-title="(1) Inbox' in body
+
+
+def test_another_teams_interrupt_and_run_are_404(team: Team, outsider: User) -> None:
+    it = start(team)
+    client = logged_in(outsider)
+    assert client.get(f"/interrupts/{it.pk}/").status_code == 404
+    assert client.get(f"/runs/{it.run_id}/").status_code == 404
+    assert client.post(f"/interrupts/{it.pk}/approve/", {}).status_code == 404
+    assert client.post(f"/interrupts/{it.pk}/reject/", {"reject-reason": "x"}).status_code == 404
+    it.refresh_from_db()
+    assert it.status == "pending"
+
+
+def test_staff_audit_but_only_members_decide(team: Team, auditor: User) -> None:
+    it = start(team)
+    client = logged_in(auditor)
+    page = client.get(f"/interrupts/{it.pk}/").content.decode()
+    assert "Only they can decide" in page and "Approve</button>" not in page
+    assert client.post(f"/interrupts/{it.pk}/approve/", {}).status_code == 403
+    it.refresh_from_db()
+    assert it.status == "pending"
+
+
+def test_the_detail_page_renders_data_readably_and_escapes_it(team: Team, reviewer: User) -> None:
+    it = start(team, invoice_id="<script>alert(1)</script>", amount=3.0)
+    page = logged_in(reviewer).get(f"/interrupts/{it.pk}/").content.decode()
+    assert "<script>alert(1)</script>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert '<dl class="data"><dt>invoice_id</dt>' in page
+
+
+def test_approving_without_an_answer_model_sends_approved_and_the_comment(team: Team, reviewer: User) -> None:
+    it = start(team)
+    response = logged_in(reviewer).post(f"/interrupts/{it.pk}/approve/", {"answer-comment": "looks right"})
+    assert response.status_code == 302 and response["Location"] == "/"
+    run = Run.objects.get(pk=it.run_id)
+    assert run.status == "completed"
+    assert run.output["approved_by_answer"] == {"approved": True, "comment": "looks right"}  # type: ignore[index]
+
+
+def test_the_typed_answer_form_follows_the_answer_model(team: Team, reviewer: User) -> None:
+    it = start(team, "delete_customer_data", customer_id="cus_1")
+    page = logged_in(reviewer).get(f"/interrupts/{it.pk}/").content.decode()
+    assert 'name="answer-confirm_customer_id"' in page
+    assert '<option value="everything">everything</option>' in page
+    assert 'name="answer-notify_customer"' in page and "checked" in page
+    assert "Ticket that authorises this" in page
+
+
+def test_an_invalid_typed_answer_shows_field_errors_and_changes_nothing(team: Team, reviewer: User) -> None:
+    it = start(team, "delete_customer_data", customer_id="cus_1")
+    client = logged_in(reviewer)
+    response = client.post(
+        f"/interrupts/{it.pk}/approve/",
+        {"answer-confirm_customer_id": "cus_1", "answer-scope": "personal_data", "answer-ticket": "x"},
+    )
+    assert response.status_code == 422
+    assert "at least 3 characters" in response.content.decode()
+    it.refresh_from_db()
+    assert it.status == "pending"
+    response = client.post(
+        f"/interrupts/{it.pk}/approve/",
+        {"answer-confirm_customer_id": "cus_1", "answer-scope": "everything", "answer-ticket": "SEC-12"},
+    )
+    assert response.status_code == 302
+    run = Run.objects.get(pk=it.run_id)
+    assert run.output == {"deleted": "cus_1", "scope": "everything", "ticket": "SEC-12"}
+    answer = run.interrupts.get(seq=1).answer
+    assert answer == {
+        "confirm_customer_id": "cus_1",
+        "scope": "everything",
+        "notify_customer": False,
+        "ticket": "SEC-12",
+    }
+
+
+def test_reject_needs_a_reason(team: Team, reviewer: User) -> None:
+    it = start(team)
+    client = logged_in(reviewer)
+    response = client.post(f"/interrupts/{it.pk}/reject/", {"reject-reason": ""})
+    assert response.status_code == 422 and "This field is required" in response.content.decode()
+    client.post(f"/interrupts/{it.pk}/reject/", {"reject-reason": "wrong amount"})
+    run = Run.objects.get(pk=it.run_id)
+    assert (run.status, run.error) == ("rejected", "wrong amount")
+
+
+def test_a_late_reviewer_is_told_who_decided_instead_of_getting_a_form(
+    team: Team, reviewer: User, second_reviewer: User
+) -> None:
+    it = start(team)
+    logged_in(reviewer).post(f"/interrupts/{it.pk}/approve/", {})
+    late = logged_in(second_reviewer)
+    response = late.post(f"/interrupts/{it.pk}/reject/", {"reject-reason": "no"})
+    assert response.status_code == 409
+    page = response.content.decode()
+    assert "Not rejected: already approved by reviewer1 at" in page
+    assert "Approve</button>" not in page
+    assert (
+        "Already approved by <strong>reviewer1</strong>" in late.get(f"/interrupts/{it.pk}/").content.decode()
+    )
+
+
+def test_htmx_decisions_swap_the_decision_panel(team: Team, reviewer: User) -> None:
+    it = start(team)
+    response = logged_in(reviewer).post(f"/interrupts/{it.pk}/approve/", {}, headers={"HX-Request": "true"})
+    body = response.content.decode()
+    assert response.status_code == 200 and body.lstrip().startswith('<section id="decision"')
+    assert "Already approved by <strong>reviewer1</strong>" in body
+
+
+def test_the_panel_refetch_keeps_a_pending_form_and_replaces_a_decided_one(
+    team: Team, reviewer: User, second_reviewer: User
+) -> None:
+    it = start(team)
+    client = logged_in(second_reviewer)
+    url = f"/interrupts/{it.pk}/?panel=1&known=pending"
+    assert client.get(url, headers={"HX-Request": "true"}).status_code == 204
+    runner.resume(it, {"approved": True}, reviewer)
+    response = client.get(url, headers={"HX-Request": "true"})
+    assert (
+        response.status_code == 200
+        and "Already approved by <strong>reviewer1</strong>" in response.content.decode()
+    )
+
+
+def test_the_run_page_shows_the_transcript(team: Team, reviewer: User) -> None:
+    it = start(team, "transfer_funds", amount=2000.0, to="DE12")
+    runner.resume(it, {"approved": True, "comment": "first ok"}, reviewer)
+    second = Interrupt.objects.get(run=it.run_id, seq=2)
+    runner.reject(second, "limit reached", reviewer)
+    page = logged_in(reviewer).get(f"/runs/{it.run_id}/").content.decode()
+    order = [
+        "Started by",
+        "Paused:",
+        "Approved by <strong>reviewer1</strong>",
+        "first ok",
+        "Resumed",
+        "Second confirmation",
+        "Rejected by <strong>reviewer1</strong>: limit reached",
+    ]
+    positions = [page.index(text) for text in order]
+    assert positions == sorted(positions)
+    assert 'class="chip status-rejected" id="run-status">rejected<' in page
+
+
+def test_a_run_can_be_started_from_a_form_generated_from_the_input_schema(team: Team, reviewer: User) -> None:
+    client = logged_in(reviewer)
+    page = client.get("/start/send_invoice/").content.decode()
+    assert 'name="input-invoice_id"' in page and 'name="input-amount"' in page
+    bad = client.post(
+        "/start/send_invoice/", {"team": "finance", "input-invoice_id": "A", "input-amount": "-5"}
+    )
+    assert bad.status_code == 422 and "greater than" in bad.content.decode()
+    assert not Run.objects.exists()
+    good = client.post(
+        "/start/send_invoice/", {"team": "finance", "input-invoice_id": "A-1", "input-amount": "5"}
+    )
+    run = Run.objects.get()
+    assert good.status_code == 302 and good["Location"] == f"/runs/{run.pk}/"
+    assert (run.consumer, run.status, run.started_by) == ("dashboard", "interrupted", reviewer)
+
+
+def test_a_run_cannot_be_started_in_another_teams_name(team: Team, other_team: Team, reviewer: User) -> None:
+    response = logged_in(reviewer).post(
+        "/start/send_invoice/", {"team": "payroll", "input-invoice_id": "A", "input-amount": "5"}
+    )
+    assert response.status_code == 422 and "Choose one of your teams" in response.content.decode()
+    assert not Run.objects.exists()
+
+
+def test_every_page_shows_who_is_logged_in_with_logout(team: Team, reviewer: User) -> None:
+    page = logged_in(reviewer).get("/runs/").content.decode()
+    assert "Signed in as <strong>reviewer1</strong>" in page
+    assert 'action="/logout/"' in page
