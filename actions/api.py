@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from ninja import NinjaAPI, Schema, Status
@@ -23,6 +24,7 @@ from pydantic import Field
 
 from actions import runner
 from actions.core import UnknownAction, registry
+from actions.middleware import UNAVAILABLE
 from actions.models import ApiToken, Interrupt, Run
 
 
@@ -154,6 +156,12 @@ def invalid_input(request: HttpRequest, exc: runner.InvalidInput) -> HttpRespons
 @api.exception_handler(runner.PayloadTooLarge)
 def too_large(request: HttpRequest, exc: runner.PayloadTooLarge) -> HttpResponse:
     return api.create_response(request, {"detail": str(exc)}, status=413)
+
+
+@api.exception_handler(OperationalError)
+@api.exception_handler(InterfaceError)
+def database_unavailable(request: HttpRequest, exc: Exception) -> HttpResponse:
+    return api.create_response(request, {"detail": UNAVAILABLE}, status=503)
 
 
 @api.exception_handler(UnknownAction)

@@ -15,6 +15,24 @@
   });
   document.addEventListener("htmx:wsOpen", function () { setLive("live", "live"); });
   document.addEventListener("htmx:wsClose", function () { setLive("reconnecting", "reconnecting…"); });
+  // htmx does not swap error responses; say what went wrong instead of doing nothing.
+  function flash(text) {
+    var el = document.getElementById("flash");
+    if (!el) { return; }
+    el.textContent = text;
+    el.hidden = !text;
+  }
+  document.addEventListener("htmx:responseError", function (evt) {
+    var xhr = evt.detail.xhr;
+    var body = xhr.getResponseHeader("Content-Type") === "text/plain" ? xhr.responseText : "";
+    flash(body || "The server answered " + xhr.status + ". Nothing was changed; please try again.");
+  });
+  document.addEventListener("htmx:sendError", function () {
+    flash("The server cannot be reached. Nothing was changed; please try again.");
+  });
+  document.addEventListener("htmx:afterRequest", function (evt) {
+    if (evt.detail.successful) { flash(""); }
+  });
   document.addEventListener("htmx:afterSwap", function (evt) {
     var title = evt.detail.elt && evt.detail.elt.dataset ? evt.detail.elt.dataset.title : null;
     if (!title) {

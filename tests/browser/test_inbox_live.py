@@ -95,7 +95,6 @@ def test_reviewers_see_a_new_approval_live_and_one_decision_clears_it_everywhere
 def test_a_reviewer_whose_socket_dropped_catches_up_on_reconnect_without_reload(
     site: Site, browser: Browser
 ) -> None:
-    site.seed()
     server = site.serve()
     reviewer = log_in(browser, server.url, "reviewer1")
     expect(reviewer.locator("#inbox tbody tr")).to_have_count(0)

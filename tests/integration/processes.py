@@ -55,7 +55,11 @@ class Site:
 
     env: dict[str, str]
     log_dir: Path
+    token: str = ""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    # The servers behind a scaled site, for tests that stop and restart them.
+    postgres: Any = None
+    redis: Any = None
 
     def manage(self, *args: str, check: bool = True) -> str:
         result = subprocess.run(
@@ -65,11 +69,25 @@ class Site:
             raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
         return result.stdout
 
-    def seed(self) -> str:
-        """Create the demo team and users; returns a fresh API token for team demo."""
-        self.manage("migrate", "--noinput", "-v0")
-        out = self.manage("seed_demo", "--no-runs")
-        return out.strip().splitlines()[-1].split(": ")[-1]
+    def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
+        """Read the site's database directly, as an auditor of the outcome would."""
+        url = self.env["DATABASE_URL"]
+        if url.startswith("sqlite:///"):
+            import sqlite3
+
+            with sqlite3.connect(url.removeprefix("sqlite:///")) as db:
+                return db.execute(query.replace("%s", "?"), params).fetchall()
+        import psycopg
+
+        with psycopg.connect(url) as conn:
+            return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+
+    def event_kinds(self, run_id: int) -> list[str]:
+        rows = self.sql("SELECT kind FROM actions_runevent WHERE run_id = %s ORDER BY id", run_id)
+        return [kind for (kind,) in rows]
+
+    def effects(self, key: str) -> int:
+        return int(self.sql("SELECT COUNT(*) FROM test_side_effects WHERE effect_key = %s", key)[0][0])
 
     def spawn(self, name: str, *argv: str) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
@@ -154,11 +172,12 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: floa
     return proc.returncode
 
 
-def sqlite_site(tmp_path: Path) -> Site:
+def base_env(database_url: str, action_modules: str = "actions.examples") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "REDIS_URL", "PYTEST"))}
     env.update(
-        DATABASE_URL=f"sqlite:///{tmp_path / 'site.sqlite3'}",
+        DATABASE_URL=database_url,
+        GRUNDLAG_ACTION_MODULES=action_modules,
         PYTHONUNBUFFERED="1",
         DJANGO_SETTINGS_MODULE="grundlag_site.settings",
     )
-    return Site(env=env, log_dir=tmp_path)
+    return env

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_run_pauses_and_is_answered_over_http_through_the_embedded_worker(site: Site) -> None:
-    token = site.seed()
+    token = site.token
     with site.serve().client(token) as api:
         started = api.post(
             "/api/runs",
@@ -41,7 +41,7 @@ def test_a_run_pauses_and_is_answered_over_http_through_the_embedded_worker(site
 
 
 def test_without_prefer_wait_a_queued_run_is_202_and_settles_later(site: Site) -> None:
-    token = site.seed()
+    token = site.token
     with site.serve().client(token) as api:
         response = api.post(
             "/api/runs", json={"action": "send_invoice", "input": {"invoice_id": "A", "amount": 1}}
@@ -55,7 +55,7 @@ def test_without_prefer_wait_a_queued_run_is_202_and_settles_later(site: Site) -
 
 
 def test_pending_interrupts_survive_a_restart_and_resume_in_a_fresh_process(site: Site) -> None:
-    token = site.seed()
+    token = site.token
     first = site.serve()
     with first.client(token) as api:
         run = api.post(
@@ -85,7 +85,7 @@ def test_pending_interrupts_survive_a_restart_and_resume_in_a_fresh_process(site
 
 
 def test_a_step_left_running_by_a_crashed_process_is_run_again_at_start(site: Site) -> None:
-    token = site.seed()
+    token = site.token
     server = site.serve()
     with server.client(token) as api:
         run = api.post(

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from django.db import InterfaceError, OperationalError
+from django.http import HttpRequest, HttpResponse
+
+logger = logging.getLogger(__name__)
+
+UNAVAILABLE = "The database is unavailable right now. Nothing was changed; please try again in a moment."
+
+
+class DatabaseUnavailableMiddleware:
+    """Turn a lost database connection into a clear 503 instead of a 500 page.
+
+    Every state change is one transaction, so a failure leaves nothing half-written: saying
+    "nothing was changed" is true. The page is plain HTML: rendering the site's templates
+    would need the database (the session, the user)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not isinstance(exception, (OperationalError, InterfaceError)):
+            return None
+        logger.warning("database unavailable during %s %s: %s", request.method, request.path, exception)
+        if request.headers.get("HX-Request"):
+            return HttpResponse(UNAVAILABLE, status=503, content_type="text/plain")
+        body = f"<!doctype html><title>Unavailable</title><h1>503</h1><p>{UNAVAILABLE}</p>"
+        return HttpResponse(body, status=503)
