@@ -80,7 +80,7 @@ class Site:
         import psycopg
 
         with psycopg.connect(url) as conn:
-            return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+            return conn.execute(query, params).fetchall()
 
     def event_kinds(self, run_id: int) -> list[str]:
         rows = self.sql("SELECT kind FROM actions_runevent WHERE run_id = %s ORDER BY id", run_id)
