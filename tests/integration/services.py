@@ -83,11 +83,11 @@ class Postgres:
             stderr=subprocess.STDOUT,
         )
         wait_for_port(self.port, self.proc)
-        wait_for(
-            lambda: psycopg.connect(self.url("postgres")).close() or True,
-            30,
-            "postgres to accept connections",
-        )
+        wait_for(self._accepts_connections, 30, "postgres to accept connections")
+
+    def _accepts_connections(self) -> bool:
+        with psycopg.connect(self.url("postgres")):
+            return True
 
     def stop(self) -> None:
         if self.proc is None:
