@@ -159,6 +159,8 @@ GRUNDLAG_ACTION_MODULES = envlist("GRUNDLAG_ACTION_MODULES", "actions.examples")
 GRUNDLAG_STEP_LEASE_SECONDS = envint("GRUNDLAG_STEP_LEASE_SECONDS", "600", minimum=1)
 GRUNDLAG_MAX_PAYLOAD_BYTES = envint("GRUNDLAG_MAX_PAYLOAD_BYTES", str(256 * 1024), minimum=1024)
 GRUNDLAG_MAX_WAIT_SECONDS = 30
+# How often an open websocket re-checks its user's session and teams.
+GRUNDLAG_SOCKET_RECHECK_SECONDS = envint("GRUNDLAG_SOCKET_RECHECK_SECONDS", "30", minimum=1)
 try:
     GRUNDLAG_MODELS: dict[str, dict[str, str]] = json.loads(os.getenv("GRUNDLAG_MODELS", "{}"))
 except json.JSONDecodeError as exc:

@@ -8,6 +8,7 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser, User
+from django.test import Client
 
 from actions import runner
 from actions.consumers import InboxConsumer
@@ -128,3 +129,49 @@ async def test_huge_or_binary_frames_close_the_socket(
     # The server is unaffected: a new connection works.
     again = await connect(reviewer)
     await again.disconnect()
+
+
+@database_sync_to_async
+def session_cookie(user: User) -> tuple[Client, bytes]:
+    client = Client()
+    client.force_login(user)
+    return client, f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+async def connect_with_session(cookie: bytes) -> WebsocketCommunicator:
+    communicator = WebsocketCommunicator(
+        application, "/ws/inbox/", headers=[(b"cookie", cookie), (b"origin", b"http://testserver")]
+    )
+    connected, _ = await communicator.connect()
+    assert connected
+    assert (await communicator.receive_json_from())["event"] == "hello"
+    return communicator
+
+
+async def test_a_logged_out_users_socket_is_closed(team: Team, reviewer: User, settings: Any) -> None:
+    settings.GRUNDLAG_SOCKET_RECHECK_SECONDS = 1
+    client, cookie = await session_cookie(reviewer)
+    communicator = await connect_with_session(cookie)
+    await database_sync_to_async(client.logout)()
+    assert await communicator.receive_output(timeout=5) == {"type": "websocket.close", "code": 4401}
+
+
+async def test_a_deactivated_users_socket_is_closed(team: Team, reviewer: User, settings: Any) -> None:
+    settings.GRUNDLAG_SOCKET_RECHECK_SECONDS = 1
+    _, cookie = await session_cookie(reviewer)
+    communicator = await connect_with_session(cookie)
+    await User.objects.filter(pk=reviewer.pk).aupdate(is_active=False)
+    assert await communicator.receive_output(timeout=5) == {"type": "websocket.close", "code": 4401}
+
+
+async def test_removal_from_a_team_stops_its_pushes_without_a_reconnect(
+    team: Team, reviewer: User, settings: Any
+) -> None:
+    settings.GRUNDLAG_SOCKET_RECHECK_SECONDS = 1
+    _, cookie = await session_cookie(reviewer)
+    communicator = await connect_with_session(cookie)
+    await database_sync_to_async(team.members.remove)(reviewer)
+    assert await communicator.receive_json_from(timeout=5) == {"event": "hello", "teams": 0}
+    await start_invoice(team)
+    assert await communicator.receive_nothing(timeout=0.5)
+    await communicator.disconnect()

@@ -1,0 +1,49 @@
+"""Live updates across processes: reviewers on two daphne processes, steps run by a separate
+Celery worker, pushes through Redis. Redis restarts under them."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import Browser, expect
+
+from tests.browser.conftest import log_in
+from tests.integration.conftest import (  # noqa: F401 - shared fixtures
+    postgres,
+    postgres_template,
+    redis_server,
+    scaled_site,
+)
+from tests.integration.processes import Server, Site
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+
+def start_invoice(server: Server, token: str, invoice_id: str) -> int:
+    with server.client(token) as api:
+        run = api.post(
+            "/api/runs",
+            json={"action": "send_invoice", "input": {"invoice_id": invoice_id, "amount": 1}},
+            headers={"Prefer": "wait=20"},
+        ).json()
+    assert run["status"] == "interrupted", run
+    return int(run["interrupt"]["id"])
+
+
+def test_pushes_cross_processes_and_survive_a_redis_restart(scaled_site: Site, browser: Browser) -> None:
+    site = scaled_site
+    web_a, web_b = site.daphne(), site.daphne()
+    site.worker("w1")
+    reviewer1 = log_in(browser, web_a.url, "reviewer1")
+    reviewer2 = log_in(browser, web_b.url, "reviewer2")
+
+    first = start_invoice(web_a, site.token, "BEFORE-1")
+    for page in (reviewer1, reviewer2):
+        expect(page.locator(f"#interrupt-{first}")).to_be_visible()
+
+    site.redis.stop()
+    site.redis.start()
+
+    second = start_invoice(web_b, site.token, "AFTER-1")
+    for page in (reviewer1, reviewer2):
+        expect(page.locator(f"#interrupt-{second}")).to_be_visible(timeout=30_000)
+        expect(page.locator("#live")).to_have_attribute("data-state", "live")
