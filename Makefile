@@ -46,4 +46,4 @@ clean:
 
 # Refresh the README's screenshots (docs/inbox.png, docs/decision.png) from the browser test.
 screenshots: venv
-	GRUNDLAG_SCREENSHOTS=docs $(BIN)/pytest tests/browser -k live_and_one_decision -q
+	GRUNDLAG_SCREENSHOTS=docs $(BIN)/pytest tests/integration/browser -k live_and_one_decision -q

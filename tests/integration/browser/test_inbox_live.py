@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, expect
 
-from tests.browser.conftest import collect_dialogs, log_in
+from tests.integration.browser.conftest import collect_dialogs, log_in
 from tests.integration.processes import Site, stop
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]

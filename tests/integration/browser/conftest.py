@@ -7,12 +7,6 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Dialog, Page, sync_playwright
 
-from tests.integration.conftest import (  # noqa: F401 - shared fixtures
-    pytest_runtest_makereport,
-    site,
-    sqlite_template,
-)
-
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox",

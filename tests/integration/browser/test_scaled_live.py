@@ -6,13 +6,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Browser, expect
 
-from tests.browser.conftest import log_in
-from tests.integration.conftest import (  # noqa: F401 - shared fixtures
-    postgres,
-    postgres_template,
-    redis_server,
-    scaled_site,
-)
+from tests.integration.browser.conftest import log_in
 from tests.integration.processes import Server, Site
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
