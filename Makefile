@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: run test lint format lock venv clean bench screenshots
+.PHONY: run test lint format lock venv clean bench screenshots scaled
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ lock:
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache staticfiles test.sqlite3*
+
+# The scaled topology locally: PostgreSQL + Redis (Debian packages), 2 daphne, 2 workers, beat.
+scaled: venv
+	deploy/local-scaled.sh
 
 # Refresh the README's screenshots (docs/inbox.png, docs/decision.png) from the browser test.
 screenshots: venv
