@@ -1,9 +1,14 @@
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib import admin
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
 
 from actions.models import ApiToken, Interrupt, Run, RunEvent, Team
 
@@ -58,8 +63,47 @@ class InterruptAdmin(ReadOnlyAdmin):
     list_display = ["id", "run", "seq", "action", "status", "decided_by_name", "created_at"]
     list_filter = ["status", "team", "action"]
     search_fields = ["message"]
-    # The checkpoint is the action's private state: not on any admin page.
+    # The checkpoint is the action's private state: on no admin page but its own, below.
     exclude = ["state"]
+    readonly_fields = ["checkpoint"]
+
+    @admin.display(description="Checkpoint")
+    def checkpoint(self, obj: Interrupt) -> str:
+        request = getattr(self, "_request", None)
+        if request is None or not request.user.is_superuser:
+            return "Private to the action (superusers may view it; each view is logged)."
+        url = reverse("admin:actions_interrupt_checkpoint", args=[obj.pk])
+        return format_html('<a href="{}">Show checkpoint</a> (the view is logged)', url)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        self._request = request
+        return super().get_readonly_fields(request, obj)
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view(self.checkpoint_view)
+        return [
+            path("<int:pk>/checkpoint/", view, name="actions_interrupt_checkpoint"),
+            *super().get_urls(),
+        ]
+
+    def checkpoint_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        if not request.user.is_superuser:
+            raise Http404
+        interrupt = get_object_or_404(Interrupt, pk=pk)
+        RunEvent.objects.create(
+            run_id=interrupt.run_id,
+            interrupt=interrupt,
+            kind=RunEvent.Kind.CHECKPOINT_VIEWED,
+            actor=request.user,
+            actor_name=request.user.get_username(),
+        )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Checkpoint of {interrupt}",
+            "interrupt": interrupt,
+            "state": json.dumps(interrupt.state, indent=2, ensure_ascii=False, sort_keys=True),
+        }
+        return TemplateResponse(request, "admin/actions/interrupt/checkpoint.html", context)
 
 
 @admin.register(RunEvent)

@@ -16,7 +16,7 @@ import json
 import math
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, ClassVar, TypeAlias
 
 from pydantic import BaseModel, ValidationError
 
@@ -113,6 +113,8 @@ class Action:
     input_model: type[BaseModel]
     answer_model: type[BaseModel] | None = None
     description: str = ""
+    # Templates read an action's attributes; being callable, it would otherwise be called.
+    do_not_call_in_templates: ClassVar[bool] = True
 
     @property
     def is_async(self) -> bool:

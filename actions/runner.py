@@ -75,7 +75,31 @@ class NotCancellable(EngineError):
     pass
 
 
+MAX_NESTING = 32
+
+
+def _depth(value: Any) -> int:
+    """How deeply ``value`` nests, counted without recursion (an attacker chooses the depth)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, (list, tuple)):
+            deepest = max(deepest, depth)
+            if depth > MAX_NESTING:
+                break
+            stack.extend((child, depth + 1) for child in item)
+    return deepest
+
+
 def check_size(what: str, value: Any) -> None:
+    """Refuse a payload that is too large or too deeply nested to store and render safely."""
+    if _depth(value) > MAX_NESTING:
+        raise InvalidInput(
+            f"{what} nests deeper than {MAX_NESTING} levels",
+            [{"loc": [], "msg": f"nested deeper than {MAX_NESTING} levels", "type": "too_deep"}],
+        )
     limit = settings.GRUNDLAG_MAX_PAYLOAD_BYTES
     size = len(json.dumps(value, ensure_ascii=False).encode())
     if size > limit:

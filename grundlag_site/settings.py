@@ -72,6 +72,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "actions.middleware.RequestSizeLimitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -158,6 +159,8 @@ GRUNDLAG_ACTION_MODULES = envlist("GRUNDLAG_ACTION_MODULES", "actions.examples")
 # A step that has not reported back after this many seconds is presumed lost and re-queued.
 GRUNDLAG_STEP_LEASE_SECONDS = envint("GRUNDLAG_STEP_LEASE_SECONDS", "600", minimum=1)
 GRUNDLAG_MAX_PAYLOAD_BYTES = envint("GRUNDLAG_MAX_PAYLOAD_BYTES", str(256 * 1024), minimum=1024)
+# A request carries at most one payload plus its envelope.
+DATA_UPLOAD_MAX_MEMORY_SIZE = GRUNDLAG_MAX_PAYLOAD_BYTES + 64 * 1024
 GRUNDLAG_MAX_WAIT_SECONDS = 30
 # How often an open websocket re-checks its user's session and teams.
 GRUNDLAG_SOCKET_RECHECK_SECONDS = envint("GRUNDLAG_SOCKET_RECHECK_SECONDS", "30", minimum=1)
@@ -174,9 +177,26 @@ LOGIN_REDIRECT_URL = "inbox"
 LOGOUT_REDIRECT_URL = "login"
 
 SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
 SESSION_COOKIE_SECURE = envbool("SECURE_COOKIES", "false" if DEBUG else "true")
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", "0")
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_X_FORWARDED_PROTO", "https") if envbool("BEHIND_HTTPS_PROXY", "false") else None
+)
 X_FRAME_OPTIONS = "DENY"
+
+# Login throttling: this many failures per username or per address lock it out for a while.
+GRUNDLAG_LOGIN_ATTEMPTS = envint("GRUNDLAG_LOGIN_ATTEMPTS", "5", minimum=1)
+GRUNDLAG_LOGIN_LOCKOUT_SECONDS = envint("GRUNDLAG_LOGIN_LOCKOUT_SECONDS", "900", minimum=1)
+# The throttle's counters live in the cache: shared through Redis when there is one.
+CACHES = (
+    {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    if REDIS_URL
+    else {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+)
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = os.getenv("TIME_ZONE", "UTC")

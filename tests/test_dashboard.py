@@ -207,6 +207,9 @@ def test_the_run_page_shows_the_transcript(team: Team, reviewer: User) -> None:
 
 def test_a_run_can_be_started_from_a_form_generated_from_the_input_schema(team: Team, reviewer: User) -> None:
     client = logged_in(reviewer)
+    listing = client.get("/start/").content.decode()
+    assert '<a href="/start/send_invoice/"><code>send_invoice</code></a>' in listing
+    assert "Send an invoice to the customer, once a reviewer approves it." in listing
     page = client.get("/start/send_invoice/").content.decode()
     assert 'name="input-invoice_id"' in page and 'name="input-amount"' in page
     bad = client.post(

@@ -1,0 +1,231 @@
+"""Who may see and do what, and what bad input gets."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+import pytest
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import User
+from django.core.cache import cache
+from django.core.management import call_command
+from django.test import Client
+from pydantic import BaseModel
+
+from actions import runner
+from actions.consumers import InboxConsumer
+from actions.core import ActionContext, ActionInterrupt, action
+from actions.models import ApiToken, Interrupt, Run, RunEvent, Team
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MARKER = f"CKPT-{uuid.uuid4().hex}"
+
+
+class ProbeInput(BaseModel):
+    label: str
+
+
+@action(input=ProbeInput, name="privacy_probe")
+def privacy_probe(ctx: ActionContext) -> dict[str, Any]:
+    """Pauses twice; only its checkpoints carry the marker."""
+    if ctx.resumption is None:
+        raise ActionInterrupt("First look?", {"label": ctx.input.label}, state={"secret": MARKER, "step": 1})
+    if ctx.resumption.state["step"] == 1:
+        raise ActionInterrupt("Second look?", {"label": ctx.input.label}, state={"secret": MARKER, "step": 2})
+    return {"done": ctx.input.label}
+
+
+def logged_in(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_the_checkpoint_never_leaves_the_server(
+    team: Team, reviewer: User, auditor: User, token_key: str
+) -> None:
+    admin = User.objects.create_superuser("root", password="pw-root")
+    api_headers = {"Authorization": f"Bearer {token_key}"}
+    api = Client()
+    frames: list[str] = []
+
+    async def listen_while(work: Any) -> None:
+        communicator = WebsocketCommunicator(InboxConsumer.as_asgi(), "/ws/inbox/")
+        communicator.scope["user"] = reviewer
+        await communicator.connect()
+        from channels.db import database_sync_to_async
+
+        await database_sync_to_async(work)()
+        while not await communicator.receive_nothing(timeout=0.3):
+            frames.append(json.dumps(await communicator.receive_output()))
+        await communicator.disconnect()
+
+    run_ids: list[int] = []
+
+    def work() -> None:
+        started = api.post(
+            "/api/runs",
+            json.dumps({"action": "privacy_probe", "input": {"label": "p"}}),
+            content_type="application/json",
+            headers={**api_headers, "Prefer": "wait=5"},
+        ).json()
+        run_ids.append(started["id"])
+        first = Interrupt.objects.get(run=started["id"], seq=1)
+        logged_in(reviewer).post(
+            f"/interrupts/{first.pk}/approve/", {"answer-comment": "ok"}, headers={"HX-Request": "true"}
+        )
+        second = Interrupt.objects.get(run=started["id"], seq=2)  # left pending: its state is live
+        assert second.state == {"secret": MARKER, "step": 2}
+
+    from asgiref.sync import async_to_sync
+
+    async_to_sync(listen_while)(work)
+    run_id = run_ids[0]
+    interrupts = list(Interrupt.objects.filter(run=run_id))
+    bodies: dict[str, bytes] = {}
+
+    def fetch(client: Client, url: str, **headers: str) -> None:
+        response = client.get(url, headers=headers)
+        assert response.status_code in (200, 204), (url, response.status_code)
+        bodies[url + repr(headers)] = response.content
+
+    for client in (logged_in(reviewer), logged_in(auditor)):
+        for url in ("/", "/runs/", f"/runs/{run_id}/", "/start/", "/start/privacy_probe/"):
+            fetch(client, url)
+            fetch(client, url, **{"HX-Request": "true"})
+        for it in interrupts:
+            fetch(client, f"/interrupts/{it.pk}/")
+            fetch(client, f"/interrupts/{it.pk}/?panel=1&known=approved", **{"HX-Request": "true"})
+    for url in ("/api/actions", f"/api/runs/{run_id}", "/api/interrupts", "/api/interrupts?status=pending"):
+        fetch(api, url, Authorization=f"Bearer {token_key}")
+    fetch(api, "/api/openapi.json")
+    fetch(api, "/api/docs")
+    root = logged_in(admin)
+    for url in (
+        "/admin/",
+        "/admin/actions/interrupt/",
+        "/admin/actions/run/",
+        "/admin/actions/runevent/",
+        f"/admin/actions/run/{run_id}/change/",
+        *(f"/admin/actions/interrupt/{it.pk}/change/" for it in interrupts),
+    ):
+        fetch(root, url)
+
+    leaks = [where for where, body in bodies.items() if MARKER.encode() in body]
+    assert leaks == [], f"the checkpoint leaked in {leaks}"
+    assert frames and not [f for f in frames if MARKER in f]
+    # The pending interrupt's state is still there for the action: the scan looked at live data.
+    second_state = Interrupt.objects.get(run=run_id, seq=2).state
+    assert isinstance(second_state, dict) and second_state["secret"] == MARKER
+
+
+def test_only_superusers_see_a_checkpoint_and_each_view_is_logged(team: Team, auditor: User) -> None:
+    run = runner.start_run("privacy_probe", {"label": "x"}, team, None)
+    interrupt = run.interrupts.get()
+    url = f"/admin/actions/interrupt/{interrupt.pk}/checkpoint/"
+    auditor.is_superuser = False
+    auditor.save()
+    assert logged_in(auditor).get(url).status_code in (302, 403, 404)
+    admin = User.objects.create_superuser("root", password="pw-root")
+    page = logged_in(admin).get(url)
+    assert page.status_code == 200 and MARKER in page.content.decode()
+    event = RunEvent.objects.get(run=run, kind="checkpoint_viewed")
+    assert (event.actor_name, event.interrupt_id) == ("root", interrupt.pk)
+
+
+def test_forms_need_a_csrf_token(team: Team, reviewer: User) -> None:
+    run = runner.start_run("send_invoice", {"invoice_id": "A", "amount": 1}, team, None)
+    interrupt = run.interrupts.get()
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(reviewer)
+    assert client.post(f"/interrupts/{interrupt.pk}/approve/", {}).status_code == 403
+    assert (
+        client.post(f"/interrupts/{interrupt.pk}/approve/", {}, headers={"HX-Request": "true"}).status_code
+        == 403
+    )
+    interrupt.refresh_from_db()
+    assert interrupt.status == "pending"
+    page = client.get(f"/interrupts/{interrupt.pk}/").content.decode()
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+    assert token is not None
+    assert '"X-CSRFToken": "' in page, "htmx requests send the token from <body hx-headers>"
+    ok = client.post(f"/interrupts/{interrupt.pk}/approve/", {"csrfmiddlewaretoken": token.group(1)})
+    assert ok.status_code == 302
+
+
+def test_logins_are_throttled_after_repeated_failures(reviewer: User, settings: Any) -> None:
+    settings.GRUNDLAG_LOGIN_ATTEMPTS = 3
+    cache.clear()
+    client = Client()
+    for _ in range(3):
+        page = client.post("/login/", {"username": "reviewer1", "password": "wrong"}).content.decode()
+        assert "Please enter a correct username and password" in page
+    refused = client.post("/login/", {"username": "reviewer1", "password": "pw-reviewer1"})
+    assert refused.status_code == 200 and "Too many failed attempts" in refused.content.decode()
+    assert "_auth_user_id" not in client.session
+    cache.clear()
+    assert client.post("/login/", {"username": "reviewer1", "password": "pw-reviewer1"}).status_code == 302
+
+
+def test_tokens_are_listed_and_revoked_by_management_command(team: Team, capsys: Any) -> None:
+    token, key = ApiToken.issue(team, "deploy-bot")
+    call_command("api_tokens", "list")
+    listing = capsys.readouterr().out
+    assert "deploy-bot" in listing and token.prefix in listing and key not in listing
+    call_command("api_tokens", "revoke", key[:10])
+    assert ApiToken.authenticate(key) is None
+    assert Client().get("/api/actions", headers={"Authorization": f"Bearer {key}"}).status_code == 401
+
+
+def test_oversized_and_deeply_nested_payloads_are_refused_naming_the_limit(
+    team: Team, token_key: str, settings: Any
+) -> None:
+    headers = {"Authorization": f"Bearer {token_key}"}
+    client = Client()
+    big = json.dumps({"action": "send_invoice", "input": {"invoice_id": "x" * 300_000, "amount": 1}})
+    response = client.post("/api/runs", big, content_type="application/json", headers=headers)
+    assert response.status_code == 413
+    assert re.match(
+        r"the (request body|input) is \d+ bytes; the limit is \d+ bytes", response.json()["detail"]
+    )
+
+    settings.GRUNDLAG_MAX_PAYLOAD_BYTES = 2048
+    medium = json.dumps({"action": "send_invoice", "input": {"invoice_id": "x" * 3000, "amount": 1}})
+    response = client.post("/api/runs", medium, content_type="application/json", headers=headers)
+    assert response.status_code == 413 and response.json()["detail"].endswith("the limit is 2048 bytes")
+
+    deep: Any = "bottom"
+    for _ in range(200):
+        deep = [deep]
+    run = runner.start_run("send_invoice", {"invoice_id": "A", "amount": 1}, team, None)
+    url = f"/api/interrupts/{run.interrupts.get().pk}/resume"
+    response = client.post(url, json.dumps({"data": deep}), content_type="application/json", headers=headers)
+    assert response.status_code == 422 and "nested deeper than 32 levels" in json.dumps(response.json())
+    absurd = '{"action": "send_invoice", "input": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    response = client.post("/api/runs", absurd, content_type="application/json", headers=headers)
+    assert response.status_code in (400, 413, 422) and "detail" in response.json()
+    assert Run.objects.count() == 1 and run.interrupts.get().status == "pending"
+
+
+@pytest.mark.parametrize("final", ["expired", "cancelled", "rejected"])
+def test_answers_to_closed_interrupts_are_refused_and_change_nothing(
+    final: str, team: Team, reviewer: User, token_key: str
+) -> None:
+    run = runner.start_run("send_invoice", {"invoice_id": "A", "amount": 1}, team, None)
+    Interrupt.objects.filter(run=run).update(status=final)
+    interrupt = run.interrupts.get()
+    response = Client().post(
+        f"/api/interrupts/{interrupt.pk}/resume",
+        json.dumps({"data": {"approved": True}}),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {token_key}"},
+    )
+    assert response.status_code == 409 and final in response.json()["detail"]
+    page = logged_in(reviewer).post(f"/interrupts/{interrupt.pk}/approve/", {})
+    assert page.status_code == 409
+    run.refresh_from_db()
+    assert run.status == "interrupted" and "approved" not in run.events.values_list("kind", flat=True)
