@@ -54,3 +54,28 @@ class RequestSizeLimitMiddleware:
                 return JsonResponse({"detail": detail}, status=413)
             return HttpResponse(detail, status=413, content_type="text/plain")
         return self.get_response(request)
+
+
+class ApiJsonErrorsMiddleware:
+    """Every error under /api/ is JSON with a "detail", whoever produced it: ninja's own 405,
+    Django's 404 for an unknown path, a CSRF or size refusal."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if (
+            request.path.startswith("/api/")
+            and response.status_code >= 400
+            and not response.get("Content-Type", "").startswith("application/json")
+        ):
+            detail = response.content.decode(errors="replace").strip() if len(response.content) < 200 else ""
+            json_response = JsonResponse(
+                {"detail": detail or response.reason_phrase}, status=response.status_code
+            )
+            for header in ("Allow", "WWW-Authenticate"):
+                if header in response:
+                    json_response[header] = response[header]
+            return json_response
+        return response

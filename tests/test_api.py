@@ -183,3 +183,10 @@ def test_create_api_token_prints_the_key_alone_on_the_last_line(team: Team, caps
     token = ApiToken.authenticate(key)
     assert token is not None and token.name == "deploy-bot" and token.team == team
     assert key not in str(ApiToken.objects.values_list()), "only the hash is stored"
+
+
+def test_unknown_paths_and_methods_get_json_errors(api: Api) -> None:
+    missing = api.get("/nothing-here")
+    assert missing.status_code == 404 and missing.json()["detail"]
+    wrong = api.client.delete("/api/actions", headers={"Authorization": f"Bearer {api.key}"})
+    assert wrong.status_code == 405 and wrong.json() == {"detail": "Method not allowed"}

@@ -1,0 +1,39 @@
+"""Schemathesis against /api/openapi.json: every operation, generated requests, a bounded number
+of examples. No request may produce a server error, and every error is JSON with a `detail`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import schemathesis
+from django.core.wsgi import get_wsgi_application
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+
+from actions.models import ApiToken, Team
+
+app = get_wsgi_application()
+schema = schemathesis.openapi.from_wsgi("/api/openapi.json", app)
+
+
+@schemathesis.check
+def errors_are_json_with_a_detail(ctx: Any, response: Any, case: Any) -> bool | None:
+    if response.status_code < 400:
+        return None
+    body = json.loads(response.content)
+    assert isinstance(body, dict) and body.get("detail"), f"{response.status_code} without a detail: {body}"
+    return None
+
+
+@pytest.fixture
+def bearer(transactional_db: Any) -> dict[str, str]:
+    team = Team.objects.create(name="Fuzz", slug="fuzz")
+    return {"Authorization": f"Bearer {ApiToken.issue(team, 'fuzz')[1]}"}
+
+
+@schema.parametrize()
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+def test_no_request_breaks_the_api(case: Any, bearer: dict[str, str]) -> None:
+    case.call_and_validate(headers=bearer, checks=[not_a_server_error, errors_are_json_with_a_detail])
