@@ -10,7 +10,7 @@ import asyncio
 import re
 import time
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -23,6 +23,7 @@ from ninja.security import HttpBearer
 from pydantic import Field
 
 from actions import runner
+from actions.agent import ModelError, start_agent
 from actions.core import UnknownAction, registry
 from actions.middleware import UNAVAILABLE
 from actions.models import ApiToken, Interrupt, Run
@@ -122,6 +123,25 @@ class RejectIn(Schema):
     error: str = Field(min_length=1, max_length=10_000)
 
 
+class ChatMessage(Schema):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class AgentRunIn(Schema):
+    messages: list[ChatMessage] = Field(min_length=1, max_length=500)
+    tools: list[str] = Field(default_factory=list, max_length=100)
+    model: str | dict[str, Any] = Field(
+        description='A model named in GRUNDLAG_MODELS, or {"scripted": [turns]} for a deterministic one'
+    )
+
+
+class AgentRunDetailOut(RunDetailOut):
+    messages: list[dict[str, Any]]
+
+
 class Error(Schema):
     detail: Any
 
@@ -162,6 +182,11 @@ def too_large(request: HttpRequest, exc: runner.PayloadTooLarge) -> HttpResponse
 @api.exception_handler(InterfaceError)
 def database_unavailable(request: HttpRequest, exc: Exception) -> HttpResponse:
     return api.create_response(request, {"detail": UNAVAILABLE}, status=503)
+
+
+@api.exception_handler(ModelError)
+def model_error(request: HttpRequest, exc: ModelError) -> HttpResponse:
+    return api.create_response(request, {"detail": str(exc)}, status=422)
 
 
 @api.exception_handler(UnknownAction)
@@ -355,3 +380,34 @@ async def reject_interrupt(
 
     it = await sync_to_async(decide)()
     return await settled_response(request, it.run_id)
+
+
+# Agents
+
+
+def agent_out(request: HttpRequest, run: Run) -> dict[str, Any]:
+    return {**run_out(request, run, transcript=True), "messages": run.driver_state.get("messages", [])}
+
+
+@api.post(
+    "/agents/runs",
+    response={200: RunOut, 202: RunOut, 404: Error, 413: Error, 422: Error},
+    tags=["agents"],
+)
+async def create_agent_run(request: HttpRequest, payload: AgentRunIn) -> Status[dict[str, Any]]:
+    """Start an agent: the model loops over its tool calls; a call that pauses stops the run as
+    `interrupted` with the interrupt (and its `tool_call_id`); answer it like any interrupt."""
+    token = token_of(request)
+    messages = [message.model_dump(exclude_none=True) for message in payload.messages]
+
+    def start() -> Run:
+        return start_agent(messages, payload.tools, payload.model, token.team, token)
+
+    run = await sync_to_async(start)()
+    return await settled_response(request, run.pk)
+
+
+@api.get("/agents/runs/{run_id}", response={200: AgentRunDetailOut, 404: Error}, tags=["agents"])
+def read_agent_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
+    """The agent run with its transcript and its conversation (`messages`)."""
+    return agent_out(request, get_run(token_of(request), run_id, consumer=Run.Consumer.AGENT))

@@ -11,6 +11,8 @@ class ActionsConfig(AppConfig):
     verbose_name = "Approvals"
 
     def ready(self) -> None:
+        # The drivers of the agent and sandbox consumers register themselves with the runner.
+        importlib.import_module("actions.agent")
         # Importing a module registers the actions it defines with @action.
         for module in settings.GRUNDLAG_ACTION_MODULES:
             importlib.import_module(module)

@@ -135,3 +135,14 @@ async def publish_announcement(ctx: ActionContext) -> dict[str, Any]:
         raise ActionError("announcement not approved")
     await asyncio.sleep(0)
     return {"published": ctx.input.title}
+
+
+class LookupInput(BaseModel):
+    customer_id: str = Field(min_length=1, max_length=100)
+
+
+@action(input=LookupInput)
+def lookup_customer(ctx: ActionContext) -> dict[str, Any]:
+    """Look a customer up (read-only: never pauses)."""
+    number = sum(map(ord, ctx.input.customer_id)) % 1000
+    return {"customer_id": ctx.input.customer_id, "name": f"Customer {number}", "open_balance": float(number)}

@@ -3,6 +3,7 @@ change are re-fetched as fragments when the websocket says something changed."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.conf import settings
@@ -213,10 +214,50 @@ def _timeline(run: Run) -> list[RunEvent]:
     return list(run.events.select_related("interrupt").order_by("at", "id"))
 
 
+def _conversation(run: Run, interrupts: list[Interrupt]) -> list[dict[str, Any]]:
+    """An agent's messages for display, each tool call with its parsed arguments and its latest
+    interrupt, if it paused."""
+    latest = {it.tool_call_id: it for it in interrupts if it.tool_call_id}
+    shown = []
+    for message in run.driver_state.get("messages", []):
+        calls = []
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", {})
+            try:
+                arguments = json.loads(function.get("arguments") or "{}")
+            except json.JSONDecodeError:
+                arguments = function.get("arguments")
+            calls.append(
+                {
+                    "id": call.get("id"),
+                    "name": function.get("name"),
+                    "arguments": arguments,
+                    "interrupt": latest.get(call.get("id")),
+                }
+            )
+        shown.append(
+            {
+                "role": message.get("role"),
+                "content": message.get("content"),
+                "calls": calls,
+                "tool_call_id": message.get("tool_call_id"),
+            }
+        )
+    return shown
+
+
 @login_required
 def run_detail(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     run = _get_run_for_user(request.user, pk)
-    context = {"run": run, "events": _timeline(run), "interrupts": list(run.interrupts.order_by("seq"))}
+    interrupts = list(run.interrupts.order_by("seq"))
+    decisions = [_decision_context(request, it) for it in interrupts if it.is_pending]
+    context = {
+        "run": run,
+        "events": _timeline(run),
+        "interrupts": interrupts,
+        "decisions": decisions,
+        "conversation": _conversation(run, interrupts) if run.consumer == Run.Consumer.AGENT else None,
+    }
     if _htmx(request):
         return render(request, "actions/partials/run_body.html", context)
     return render(request, "actions/run.html", context)

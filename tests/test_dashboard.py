@@ -166,7 +166,7 @@ def test_htmx_decisions_swap_the_decision_panel(team: Team, reviewer: User) -> N
     it = start(team)
     response = logged_in(reviewer).post(f"/interrupts/{it.pk}/approve/", {}, headers={"HX-Request": "true"})
     body = response.content.decode()
-    assert response.status_code == 200 and body.lstrip().startswith('<section id="decision"')
+    assert response.status_code == 200 and body.lstrip().startswith('<section id="decision-')
     assert "Already approved by <strong>reviewer1</strong>" in body
 
 

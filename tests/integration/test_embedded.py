@@ -108,3 +108,43 @@ def test_a_step_left_running_by_a_crashed_process_is_run_again_at_start(site: Si
             assert time.monotonic() < deadline, detail
             time.sleep(0.05)
         assert len(detail["transcript"]) == 1
+
+
+def test_an_agent_conversation_survives_a_restart_between_pause_and_answer(site: Site) -> None:
+    turns = [
+        {"tool_calls": [{"id": "look", "name": "lookup_customer", "arguments": {"customer_id": "c1"}}]},
+        {
+            "tool_calls": [
+                {"id": "send", "name": "send_invoice", "arguments": {"invoice_id": "R-1", "amount": 9}}
+            ]
+        },
+        {"content": "Invoice R-1 is out."},
+    ]
+    first = site.serve()
+    with first.client(site.token) as api:
+        run = api.post(
+            "/api/agents/runs",
+            json={
+                "messages": [{"role": "user", "content": "bill c1"}],
+                "tools": ["lookup_customer", "send_invoice"],
+                "model": {"scripted": turns},
+            },
+            headers={"Prefer": "wait=20"},
+        ).json()
+    assert run["status"] == "interrupted" and run["interrupt"]["tool_call_id"] == "send"
+    stop(first.proc, signal.SIGTERM)
+
+    with site.serve().client(site.token) as api:
+        # Not the absolute resume_url: that names the stopped server's port.
+        resume = f"/api/interrupts/{run['interrupt']['id']}/resume"
+        done = api.post(resume, json={"data": {"approved": True}}, headers={"Prefer": "wait=20"})
+        assert (done.json()["status"], done.json()["output"]) == ("completed", "Invoice R-1 is out.")
+        messages = api.get(f"/api/agents/runs/{run['id']}").json()["messages"]
+    assert [(m["role"], m.get("tool_call_id")) for m in messages] == [
+        ("user", None),
+        ("assistant", None),
+        ("tool", "look"),
+        ("assistant", None),
+        ("tool", "send"),
+        ("assistant", None),
+    ]

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
 from actions import runner
+from actions.agent import start_agent
 from actions.models import ApiToken, Run, Team
 
 DEMO_RUNS = [
@@ -20,6 +21,35 @@ DEMO_RUNS = [
         {"title": "Maintenance on Sunday", "body": "The portal is offline 02:00-04:00 UTC."},
     ),
 ]
+
+
+# A scripted model (no model server needed): it looks the customer up, then asks to send the
+# invoice, which pauses for a reviewer; after the answer it reports back.
+DEMO_AGENT_MESSAGES = [
+    {"role": "system", "content": "You are the billing assistant. Use the tools."},
+    {"role": "user", "content": "Invoice ACME (cus_4711) for the October retainer, 1,800 EUR."},
+]
+DEMO_AGENT_MODEL = {
+    "scripted": [
+        {
+            "content": "Looking the customer up first.",
+            "tool_calls": [
+                {"id": "call_lookup", "name": "lookup_customer", "arguments": {"customer_id": "cus_4711"}}
+            ],
+        },
+        {
+            "content": "Sending the invoice; this needs approval.",
+            "tool_calls": [
+                {
+                    "id": "call_send",
+                    "name": "send_invoice",
+                    "arguments": {"invoice_id": "INV-OCT-4711", "amount": 1800.0},
+                }
+            ],
+        },
+        {"content": "Done: the October invoice went to ACME."},
+    ]
+}
 
 
 class Command(BaseCommand):
@@ -58,6 +88,14 @@ class Command(BaseCommand):
             for action_name, payload in DEMO_RUNS:
                 runner.start_run(action_name, payload, team, people["reviewer2"], Run.Consumer.DASHBOARD)
                 started += 1
+            start_agent(
+                DEMO_AGENT_MESSAGES,
+                ["lookup_customer", "send_invoice"],
+                DEMO_AGENT_MODEL,
+                team,
+                people["reviewer2"],
+            )
+            started += 1
 
         for username in people:
             self.stdout.write(

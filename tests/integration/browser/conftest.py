@@ -17,7 +17,9 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: Playwright's sync API keeps an event loop running in this thread
+# while it is open, and async tests (or asyncio.run) after it would find that loop running.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
         pytest.fail("browser tests need Debian's Chromium: apt-get install chromium (.ci/run does)")

@@ -33,9 +33,9 @@ def test_reviewers_see_a_new_approval_live_and_one_decision_clears_it_everywhere
     reviewer2 = log_in(browser, server.url, "reviewer2")
     payroll = log_in(browser, server.url, "payroll1")
     dialogs = [collect_dialogs(page) for page in (reviewer1, reviewer2, payroll)]
-    # The demo runs `make run` seeds are paused and waiting.
-    expect(reviewer1.locator("#inbox tbody tr")).to_have_count(5)
-    expect(reviewer2).to_have_title("(5) Inbox · Grundlag approvals")
+    # The demo runs `make run` seeds (five actions and an agent) are paused and waiting.
+    expect(reviewer1.locator("#inbox tbody tr")).to_have_count(6)
+    expect(reviewer2).to_have_title("(6) Inbox · Grundlag approvals")
 
     with server.client(token) as api:
         run = api.post(
@@ -49,7 +49,7 @@ def test_reviewers_see_a_new_approval_live_and_one_decision_clears_it_everywhere
     # It appears for both reviewers of the team without a reload...
     expect(reviewer1.locator(row)).to_be_visible()
     expect(reviewer2.locator(row)).to_be_visible()
-    expect(reviewer2).to_have_title("(6) Inbox · Grundlag approvals")
+    expect(reviewer2).to_have_title("(7) Inbox · Grundlag approvals")
     reviewer1.screenshot(path=str(screenshot_dir(tmp_path) / "inbox.png"))
     # ...and reviewer2 also has it open, about to decide.
     reviewer2_detail = reviewer2.context.new_page()
@@ -65,12 +65,14 @@ def test_reviewers_see_a_new_approval_live_and_one_decision_clears_it_everywhere
     reviewer1.fill("#id_answer-ticket", "SEC-42")
     reviewer1.screenshot(path=str(screenshot_dir(tmp_path) / "decision.png"), full_page=True)
     reviewer1.click("button.approve")
-    expect(reviewer1.locator("#decision")).to_contain_text("Already approved by reviewer1")
+    expect(reviewer1.locator(f"#decision-{interrupt_id}")).to_contain_text("Already approved by reviewer1")
 
     # Gone from reviewer2's inbox, and the open page says who decided instead of offering a form.
     expect(reviewer2.locator(row)).to_have_count(0)
-    expect(reviewer2).to_have_title("(5) Inbox · Grundlag approvals")
-    expect(reviewer2_detail.locator("#decision")).to_contain_text("Already approved by reviewer1")
+    expect(reviewer2).to_have_title("(6) Inbox · Grundlag approvals")
+    expect(reviewer2_detail.locator(f"#decision-{interrupt_id}")).to_contain_text(
+        "Already approved by reviewer1"
+    )
     expect(reviewer2_detail.locator("button.approve")).to_have_count(0)
 
     with server.client(token) as api:

@@ -1,0 +1,319 @@
+"""The agent consumer: the loop over tool calls, pauses on tool calls, resume and reject, and the
+OpenAI wire format against a small OpenAI-compatible server started by the test."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from pydantic import BaseModel
+
+from actions import runner
+from actions.agent import start_agent
+from actions.core import ActionContext, action
+from actions.models import Interrupt, Run, Team
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CALLS: list[str] = []
+
+
+class Ping(BaseModel):
+    text: str
+
+
+@action(input=Ping, name="counted_lookup")
+def counted_lookup(ctx: ActionContext) -> dict[str, str]:
+    """Never pauses; counts how often it really ran."""
+    CALLS.append(ctx.input.text)
+    return {"echo": ctx.input.text}
+
+
+def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
+    return {"id": call_id, "name": name, "arguments": arguments}
+
+
+def agent(team: Team, turns: list[dict[str, Any]], tools: list[str]) -> Run:
+    run = start_agent([{"role": "user", "content": "go"}], tools, {"scripted": turns}, team, None)
+    run.refresh_from_db()
+    return run
+
+
+def test_an_agent_without_tool_calls_completes_with_the_last_message(team: Team) -> None:
+    run = agent(team, [{"content": "Nothing to do."}], [])
+    assert (run.status, run.output) == ("completed", "Nothing to do.")
+    assert [m["role"] for m in run.driver_state["messages"]] == ["user", "assistant"]
+
+
+def test_a_pausing_tool_call_stops_the_loop_and_resume_continues_it(team: Team, reviewer: User) -> None:
+    run = agent(
+        team,
+        [
+            {"content": "sending", "tool_calls": [call("c1", "send_invoice", invoice_id="I-1", amount=5)]},
+            {"content": "sent it"},
+        ],
+        ["send_invoice"],
+    )
+    assert run.status == "interrupted"
+    interrupt = run.interrupts.get()
+    assert (interrupt.tool_call_id, interrupt.action, interrupt.message) == (
+        "c1",
+        "send_invoice",
+        "Approve sending the invoice?",
+    )
+
+    runner.resume(interrupt, {"approved": True}, reviewer)
+    run.refresh_from_db()
+    assert (run.status, run.output) == ("completed", "sent it")
+    roles = [(m["role"], m.get("tool_call_id")) for m in run.driver_state["messages"]]
+    assert roles == [("user", None), ("assistant", None), ("tool", "c1"), ("assistant", None)]
+    result = json.loads(run.driver_state["messages"][2]["content"])
+    assert result == {"sent": True, "invoice_id": "I-1", "approved_by_answer": {"approved": True}}
+
+
+def test_a_rejected_tool_call_is_an_error_the_model_sees_and_the_loop_goes_on(
+    team: Team, reviewer: User
+) -> None:
+    run = agent(
+        team,
+        [
+            {"tool_calls": [call("c1", "transfer_funds", amount=50, to="X")]},
+            {"content": "Understood, I will not transfer."},
+        ],
+        ["transfer_funds"],
+    )
+    runner.reject(run.interrupts.get(), "not this month", reviewer)
+    run.refresh_from_db()
+    assert (run.status, run.output) == ("completed", "Understood, I will not transfer.")
+    tool_message = run.driver_state["messages"][2]
+    assert tool_message == {
+        "role": "tool",
+        "tool_call_id": "c1",
+        "content": "error: rejected by reviewer1: not this month",
+    }
+    # The model's next turn came after the error: it was part of what the model was given.
+    assert run.driver_state["messages"][3]["role"] == "assistant"
+
+
+def test_parallel_calls_keep_finished_results_and_wait_for_every_pause(
+    team: Team, reviewer: User, second_reviewer: User
+) -> None:
+    CALLS.clear()
+    run = agent(
+        team,
+        [
+            {
+                "tool_calls": [
+                    call("a", "counted_lookup", text="once"),
+                    call("b", "send_invoice", invoice_id="I-2", amount=7),
+                    call("c", "transfer_funds", amount=20, to="Y"),
+                ]
+            },
+            {"content": "all three done"},
+        ],
+        ["counted_lookup", "send_invoice", "transfer_funds"],
+    )
+    pending = {it.tool_call_id: it for it in run.interrupts.filter(status="pending")}
+    assert set(pending) == {"b", "c"} and run.status == "interrupted"
+    assert CALLS == ["once"]
+
+    runner.resume(pending["b"], {"approved": True}, reviewer)
+    run.refresh_from_db()
+    assert run.status == "interrupted", "still waiting for the second pause"
+    runner.resume(pending["c"], {"approved": True}, second_reviewer)
+    run.refresh_from_db()
+    assert (run.status, run.output) == ("completed", "all three done")
+    assert CALLS == ["once"], "the finished call was not run again"
+    tools = [m for m in run.driver_state["messages"] if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in tools] == ["a", "b", "c"]
+    assert json.loads(tools[2]["content"]) == {"transferred": True, "answers": [{"approved": True}]}
+    assert run.events.filter(kind="claimed").count() == 2
+
+
+def test_bad_tool_calls_become_error_results(team: Team) -> None:
+    run = agent(
+        team,
+        [
+            {"tool_calls": [call("x", "rm_rf", path="/"), call("y", "send_invoice", amount="lots")]},
+            {"content": "ok"},
+        ],
+        ["send_invoice"],
+    )
+    tools = [m["content"] for m in run.driver_state["messages"] if m["role"] == "tool"]
+    assert tools[0] == "error: there is no tool named 'rm_rf'"
+    assert tools[1].startswith("error: invalid input: invoice_id: Field required")
+
+
+def test_the_agent_api_starts_a_run_and_answers_through_the_interrupt_endpoints(
+    team: Team, token_key: str
+) -> None:
+    client = Client(headers={"Authorization": f"Bearer {token_key}", "Prefer": "wait=5"})
+    started = client.post(
+        "/api/agents/runs",
+        json.dumps(
+            {
+                "messages": [{"role": "user", "content": "bill them"}],
+                "tools": ["send_invoice"],
+                "model": {
+                    "scripted": [
+                        {"tool_calls": [call("t1", "send_invoice", invoice_id="I", amount=1)]},
+                        {"content": "billed"},
+                    ]
+                },
+            }
+        ),
+        content_type="application/json",
+    ).json()
+    assert started["status"] == "interrupted" and started["interrupt"]["tool_call_id"] == "t1"
+    done = client.post(
+        started["interrupt"]["resume_url"].removeprefix("http://testserver"),
+        json.dumps({"data": {"approved": True}}),
+        content_type="application/json",
+    ).json()
+    assert (done["status"], done["output"]) == ("completed", "billed")
+    detail = client.get(f"/api/agents/runs/{started['id']}").json()
+    assert [m["role"] for m in detail["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert client.get(f"/api/agents/runs/{started['id'] + 1000}").status_code == 404
+
+
+def test_unknown_tools_and_models_are_refused(team: Team, token_key: str) -> None:
+    client = Client(headers={"Authorization": f"Bearer {token_key}"})
+    body = {"messages": [{"role": "user", "content": "x"}], "tools": ["nope"], "model": {"scripted": []}}
+    response = client.post("/api/agents/runs", json.dumps(body), content_type="application/json")
+    assert response.status_code == 404 and "nope" in response.json()["detail"]
+    body = {"messages": [{"role": "user", "content": "x"}], "tools": [], "model": "gpt-unknown"}
+    response = client.post("/api/agents/runs", json.dumps(body), content_type="application/json")
+    assert response.status_code == 422 and "unknown model 'gpt-unknown'" in response.json()["detail"]
+    assert not Run.objects.exists()
+
+
+def test_the_run_page_shows_the_conversation_with_the_suspended_call_and_its_form(
+    team: Team, reviewer: User
+) -> None:
+    run = agent(
+        team,
+        [
+            {
+                "content": "about to send",
+                "tool_calls": [call("c9", "send_invoice", invoice_id="INV-C9", amount=99)],
+            }
+        ],
+        ["send_invoice"],
+    )
+    client = Client()
+    client.force_login(reviewer)
+    page = client.get(f"/runs/{run.pk}/").content.decode()
+    assert 'class="tool-call suspended" id="call-c9"' in page
+    assert "INV-C9" in page and "Paused: Approve sending the invoice?" in page
+    interrupt = run.interrupts.get()
+    assert f'hx-post="/interrupts/{interrupt.pk}/approve/"' in page
+
+
+# The OpenAI wire format, against a server that speaks it.
+
+
+class FakeOpenAI(BaseHTTPRequestHandler):
+    requests: list[dict[str, Any]] = []
+    replies: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append(
+            {"path": self.path, "auth": self.headers.get("Authorization"), "body": body}
+        )
+        message = type(self).replies[len(type(self).requests) - 1]
+        payload = {
+            "id": f"chatcmpl-{len(type(self).requests)}",
+            "object": "chat.completion",
+            "created": 1,
+            "model": body["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+        data = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def openai_server(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeOpenAI]]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeOpenAI)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("LOCAL_TEST_KEY", "sk-local-test")
+    settings.GRUNDLAG_MODELS = {
+        "local": {
+            "base_url": f"http://127.0.0.1:{server.server_address[1]}/v1",
+            "model": "qwen-test",
+            "api_key_env": "LOCAL_TEST_KEY",
+        }
+    }
+    FakeOpenAI.requests = []
+    yield FakeOpenAI
+    server.shutdown()
+
+
+def test_the_openai_client_speaks_the_real_wire_format(
+    openai_server: type[FakeOpenAI], team: Team, reviewer: User
+) -> None:
+    openai_server.replies = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_abc",
+                    "type": "function",
+                    "function": {
+                        "name": "send_invoice",
+                        "arguments": '{"invoice_id": "W-1", "amount": 12.5}',
+                    },
+                }
+            ],
+        },
+        {"role": "assistant", "content": "The invoice is sent."},
+    ]
+    run = start_agent([{"role": "user", "content": "send W-1"}], ["send_invoice"], "local", team, None)
+    run.refresh_from_db()
+    assert run.status == "interrupted" and run.interrupts.get().tool_call_id == "call_abc"
+    runner.resume(run.interrupts.get(), {"approved": True}, reviewer)
+    run.refresh_from_db()
+    assert (run.status, run.output) == ("completed", "The invoice is sent.")
+
+    first, second = openai_server.requests
+    assert first["path"] == "/v1/chat/completions" and first["auth"] == "Bearer sk-local-test"
+    assert first["body"]["model"] == "qwen-test"
+    tool = first["body"]["tools"][0]
+    assert tool["type"] == "function" and tool["function"]["name"] == "send_invoice"
+    assert tool["function"]["parameters"]["required"] == ["invoice_id", "amount"]
+    assistant, tool_result = second["body"]["messages"][1:]
+    assert assistant["tool_calls"][0]["id"] == "call_abc"
+    assert tool_result["role"] == "tool" and tool_result["tool_call_id"] == "call_abc"
+    assert json.loads(tool_result["content"])["invoice_id"] == "W-1"
+    assert "sk-local-test" not in json.dumps(run.driver_state) + json.dumps(run.input)
+
+
+def test_a_model_server_that_is_down_fails_the_run_clearly(settings: Any, team: Team) -> None:
+    settings.GRUNDLAG_MODELS = {"local": {"base_url": "http://127.0.0.1:9/v1", "model": "m"}}
+    run = start_agent([{"role": "user", "content": "x"}], [], "local", team, None)
+    run.refresh_from_db()
+    assert run.status == "failed" and run.error.startswith("the model server refused or failed")
+    assert not Interrupt.objects.filter(run=run).exists()
