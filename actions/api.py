@@ -27,6 +27,7 @@ from actions.agent import ModelError, start_agent
 from actions.core import UnknownAction, registry
 from actions.middleware import UNAVAILABLE
 from actions.models import ApiToken, Interrupt, Run
+from actions.sandbox import start_script
 
 
 class TokenAuth(HttpBearer):
@@ -140,6 +141,16 @@ class AgentRunIn(Schema):
 
 class AgentRunDetailOut(RunDetailOut):
     messages: list[dict[str, Any]]
+
+
+class ScriptRunIn(Schema):
+    source: str = Field(min_length=1, max_length=100_000, description="Python; calls tools.<action>(...)")
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScriptRunDetailOut(RunDetailOut):
+    call_log: list[dict[str, Any]]
+    paused_at: int | None
 
 
 class Error(Schema):
@@ -411,3 +422,36 @@ async def create_agent_run(request: HttpRequest, payload: AgentRunIn) -> Status[
 def read_agent_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
     """The agent run with its transcript and its conversation (`messages`)."""
     return agent_out(request, get_run(token_of(request), run_id, consumer=Run.Consumer.AGENT))
+
+
+# Scripts
+
+
+@api.post(
+    "/scripts/runs",
+    response={200: RunOut, 202: RunOut, 413: Error, 422: Error},
+    tags=["scripts"],
+)
+async def create_script_run(request: HttpRequest, payload: ScriptRunIn) -> Status[dict[str, Any]]:
+    """Run a script in the sandbox. It reads `input`, calls `tools.<action>(**kwargs)`, and its
+    `return` value is the output. A call that pauses stops it as `interrupted`; answering the
+    interrupt replays the script from its call log."""
+    token = token_of(request)
+
+    def start() -> Run:
+        return start_script(payload.source, payload.input, token.team, token)
+
+    run = await sync_to_async(start)()
+    return await settled_response(request, run.pk)
+
+
+@api.get("/scripts/runs/{run_id}", response={200: ScriptRunDetailOut, 404: Error}, tags=["scripts"])
+def read_script_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
+    """The script run with its transcript and its call log."""
+    run = get_run(token_of(request), run_id, consumer=Run.Consumer.SANDBOX)
+    paused = run.driver_state.get("paused")
+    return {
+        **run_out(request, run, transcript=True),
+        "call_log": run.driver_state.get("call_log", []),
+        "paused_at": paused["position"] if paused else None,
+    }

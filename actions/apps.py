@@ -13,6 +13,7 @@ class ActionsConfig(AppConfig):
     def ready(self) -> None:
         # The drivers of the agent and sandbox consumers register themselves with the runner.
         importlib.import_module("actions.agent")
+        importlib.import_module("actions.sandbox")
         # Importing a module registers the actions it defines with @action.
         for module in settings.GRUNDLAG_ACTION_MODULES:
             importlib.import_module(module)

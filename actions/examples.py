@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from actions.core import ActionContext, ActionError, ActionInterrupt, action
+from actions.sandbox import script_action
 
 
 def approved(answer: Any) -> bool:
@@ -146,3 +147,23 @@ def lookup_customer(ctx: ActionContext) -> dict[str, Any]:
     """Look a customer up (read-only: never pauses)."""
     number = sum(map(ord, ctx.input.customer_id)) % 1000
     return {"customer_id": ctx.input.customer_id, "name": f"Customer {number}", "open_balance": float(number)}
+
+
+class BillingInput(BaseModel):
+    customer_id: str = Field(min_length=1, max_length=100)
+    invoice_id: str = Field(min_length=1, max_length=100)
+    amount: float = Field(gt=0)
+
+
+# A script registered as an action: the API or an agent calls `bill_customer` like any action,
+# and the pause of the `send_invoice` inside it reaches the inbox.
+bill_customer = script_action(
+    "bill_customer",
+    """
+customer = tools.lookup_customer(customer_id=input["customer_id"])
+sent = tools.send_invoice(invoice_id=input["invoice_id"], amount=input["amount"])
+return {"customer": customer["name"], "sent": sent["sent"], "invoice_id": sent["invoice_id"]}
+""",
+    input=BillingInput,
+    description="Look the customer up, then send the invoice (a sandboxed script).",
+)

@@ -163,6 +163,10 @@ GRUNDLAG_MAX_PAYLOAD_BYTES = envint("GRUNDLAG_MAX_PAYLOAD_BYTES", str(256 * 1024
 # A request carries at most one payload plus its envelope.
 DATA_UPLOAD_MAX_MEMORY_SIZE = GRUNDLAG_MAX_PAYLOAD_BYTES + 64 * 1024
 GRUNDLAG_MAX_WAIT_SECONDS = 30
+# Sandboxed scripts: limits of the child process that runs one (the actions it calls run outside).
+GRUNDLAG_SANDBOX_CPU_SECONDS = envint("GRUNDLAG_SANDBOX_CPU_SECONDS", "5", minimum=1)
+GRUNDLAG_SANDBOX_WALL_SECONDS = envint("GRUNDLAG_SANDBOX_WALL_SECONDS", "30", minimum=1)
+GRUNDLAG_SANDBOX_MEMORY_BYTES = envint("GRUNDLAG_SANDBOX_MEMORY_MB", "512", minimum=64) * 1024 * 1024
 # How often an open websocket re-checks its user's session and teams.
 GRUNDLAG_SOCKET_RECHECK_SECONDS = envint("GRUNDLAG_SOCKET_RECHECK_SECONDS", "30", minimum=1)
 try:

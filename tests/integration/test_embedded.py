@@ -148,3 +148,28 @@ def test_an_agent_conversation_survives_a_restart_between_pause_and_answer(site:
         ("tool", "send"),
         ("assistant", None),
     ]
+
+
+def test_a_paused_script_survives_a_restart_and_replays_from_its_log(site: Site) -> None:
+    source = (
+        "customer = tools.lookup_customer(customer_id=input['customer'])\n"
+        "sent = tools.send_invoice(invoice_id='R-9', amount=9)\n"
+        "return {'name': customer['name'], 'sent': sent['sent']}\n"
+    )
+    first = site.serve()
+    with first.client(site.token) as api:
+        run = api.post(
+            "/api/scripts/runs",
+            json={"source": source, "input": {"customer": "c9"}},
+            headers={"Prefer": "wait=20"},
+        ).json()
+    assert run["status"] == "interrupted"
+    stop(first.proc, signal.SIGTERM)
+
+    with site.serve().client(site.token) as api:
+        resume = f"/api/interrupts/{run['interrupt']['id']}/resume"
+        done = api.post(resume, json={"data": {"approved": True}}, headers={"Prefer": "wait=20"}).json()
+        assert done["status"] == "completed", done
+        assert done["output"] == {"name": "Customer 156", "sent": True}
+        log = api.get(f"/api/scripts/runs/{run['id']}").json()["call_log"]
+    assert [entry["action"] for entry in log] == ["lookup_customer", "send_invoice"]
