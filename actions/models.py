@@ -201,6 +201,8 @@ class Interrupt(models.Model):
         indexes = [
             models.Index(fields=["team", "status", "-created_at"], name="interrupt_inbox"),
             models.Index(fields=["status", "-created_at"], name="interrupt_status_created"),
+            # The history's keyset paging walks (created_at, id) backwards.
+            models.Index(fields=["-created_at", "-id"], name="interrupt_created_id"),
         ]
 
     def __str__(self) -> str:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from actions import views
+from actions import history, views
 
 urlpatterns = [
     path("", views.inbox, name="inbox"),
@@ -13,4 +13,6 @@ urlpatterns = [
     path("runs/<int:pk>/", views.run_detail, name="run"),
     path("start/", views.start, name="start"),
     path("start/<str:name>/", views.start_action, name="start_action"),
+    path("history/", history.history, name="history"),
+    path("history/export.csv", history.export_csv, name="history_export"),
 ]
