@@ -128,8 +128,8 @@ def bar_chart(times: list[DecisionTimes]) -> list[dict[str, Any]]:
 def history(request: HttpRequest) -> HttpResponse:
     interrupts, applied = filtered(request.GET)
     rows, next_cursor = _page(interrupts, request.GET.get("after", ""))
-    days = request.GET.get("days", "")
-    days = min(max(int(days), 1), 3650) if days.isdigit() else 30
+    requested = request.GET.get("days", "")
+    days = min(max(int(requested), 1), 3650) if requested.isdigit() else 30
     by_team = decision_times(interrupts, "team", days)
     by_action = decision_times(interrupts, "action", days)
     query = request.GET.copy()

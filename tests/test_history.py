@@ -36,16 +36,23 @@ def bulk_history(team: Team, count: int, **extra: Any) -> list[Interrupt]:
             for _ in range(count)
         ]
     )
-    return Interrupt.objects.bulk_create(
-        [
+    interrupts = []
+    for i, run in enumerate(runs):
+        paused = now - timedelta(minutes=i + 10)
+        interrupts.append(
             Interrupt(
-                run=run, seq=1, team=team, action=extra.get("action", "send_invoice"), message=f"Approve invoice {i}?",
-                status="approved", decided_by_name=extra.get("decided_by", "reviewer1"),
-                created_at=now - timedelta(minutes=i + 10), decided_at=now - timedelta(minutes=i + 10) + timedelta(seconds=60 * (i % 10 + 1)),
+                run=run,
+                seq=1,
+                team=team,
+                action=extra.get("action", "send_invoice"),
+                message=f"Approve invoice {i}?",
+                status="approved",
+                decided_by_name=extra.get("decided_by", "reviewer1"),
+                created_at=paused,
+                decided_at=paused + timedelta(minutes=i % 10 + 1),  # 1 to 10 minutes to decide
             )
-            for i, run in enumerate(runs)
-        ]
-    )  # fmt: skip
+        )
+    return Interrupt.objects.bulk_create(interrupts)
 
 
 def test_history_is_for_staff_only(team: Team, reviewer: User) -> None:
