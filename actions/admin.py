@@ -10,7 +10,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
-from actions.models import ApiToken, Interrupt, Run, RunEvent, Team
+from actions.models import ApiToken, Interrupt, Policy, Run, RunEvent, Team
 
 
 @admin.register(Team)
@@ -18,6 +18,20 @@ class TeamAdmin(admin.ModelAdmin[Team]):
     list_display = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
     filter_horizontal = ["members"]
+
+
+@admin.register(Policy)
+class PolicyAdmin(admin.ModelAdmin[Policy]):
+    list_display = [
+        "action",
+        "team",
+        "deadline_minutes",
+        "escalate_after_minutes",
+        "escalate_to",
+        "approvals_required",
+        "assignees",
+    ]
+    list_filter = ["team"]
 
 
 @admin.register(ApiToken)

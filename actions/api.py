@@ -179,6 +179,11 @@ def already_decided(request: HttpRequest, exc: runner.AlreadyDecided) -> HttpRes
     return api.create_response(request, body, status=409)
 
 
+@api.exception_handler(runner.NotAllowed)
+def not_allowed(request: HttpRequest, exc: runner.NotAllowed) -> HttpResponse:
+    return api.create_response(request, {"detail": str(exc)}, status=403)
+
+
 @api.exception_handler(runner.InvalidInput)
 def invalid_input(request: HttpRequest, exc: runner.InvalidInput) -> HttpResponse:
     return api.create_response(request, {"detail": exc.errors, "message": str(exc)}, status=422)
@@ -263,7 +268,7 @@ def get_run(token: ApiToken, run_id: int, consumer: str | None = None) -> Run:
 
 
 def get_interrupt(token: ApiToken, interrupt_id: int) -> Interrupt:
-    it = Interrupt.objects.filter(pk=interrupt_id, team=token.team_id).first()
+    it = Interrupt.objects.filter(Interrupt.visible_to([token.team_id]), pk=interrupt_id).first()
     if it is None:
         raise HttpError(404, "Not Found")
     return it
@@ -349,7 +354,9 @@ def list_interrupts(
 ) -> list[dict[str, Any]]:
     """The team's interrupts, newest first; filter with `?status=pending`."""
     token = token_of(request)
-    interrupts = Interrupt.objects.filter(team=token.team_id).order_by("-created_at", "-id")
+    interrupts = Interrupt.objects.filter(Interrupt.visible_to([token.team_id])).order_by(
+        "-created_at", "-id"
+    )
     if status:
         interrupts = interrupts.filter(status=status)
     return [{**transcript_entry(it), "run_id": it.run_id, "action": it.action} for it in interrupts[:limit]]
@@ -357,7 +364,7 @@ def list_interrupts(
 
 @api.post(
     "/interrupts/{interrupt_id}/resume",
-    response={200: RunOut, 202: RunOut, 404: Error, 409: DecidedError, 413: Error, 422: Error},
+    response={200: RunOut, 202: RunOut, 403: Error, 404: Error, 409: DecidedError, 413: Error, 422: Error},
     url_name="resume_interrupt",
     tags=["interrupts"],
 )
@@ -376,7 +383,7 @@ async def resume_interrupt(
 
 @api.post(
     "/interrupts/{interrupt_id}/reject",
-    response={200: RunOut, 202: RunOut, 404: Error, 409: DecidedError, 413: Error, 422: Error},
+    response={200: RunOut, 202: RunOut, 403: Error, 404: Error, 409: DecidedError, 413: Error, 422: Error},
     url_name="reject_interrupt",
     tags=["interrupts"],
 )

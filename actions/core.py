@@ -16,6 +16,7 @@ import json
 import math
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, ClassVar, TypeAlias
 
 from pydantic import BaseModel, ValidationError
@@ -26,6 +27,7 @@ __all__ = [
     "ActionError",
     "ActionInterrupt",
     "ActionResumption",
+    "ApprovalPolicy",
     "Completed",
     "Failed",
     "Interrupted",
@@ -107,12 +109,38 @@ Execute: TypeAlias = Callable[[ActionContext], Any] | Callable[[ActionContext], 
 
 
 @dataclass(frozen=True)
+class ApprovalPolicy:
+    """How the pauses of an action are decided. A team may override it (admin: Policies)."""
+
+    # After this long without a decision: apply ``default_answer`` as if approved with it, or,
+    # when there is none (None), expire the interrupt and fail the run.
+    deadline: timedelta | None = None
+    default_answer: Any = None
+    # After this long without a decision, the team with this slug sees (and may decide) it too.
+    escalate_after: timedelta | None = None
+    escalate_to: str | None = None
+    # Distinct people who must approve (2: four eyes). Any single rejection rejects.
+    approvals: int = 1
+    # Usernames: only they may decide. Empty: any member of the team.
+    assignees: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.approvals < 1:
+            raise ValueError("approvals must be at least 1")
+        if (self.escalate_after is None) != (self.escalate_to is None):
+            raise ValueError("escalate_after and escalate_to go together")
+        if problem := json_problem(self.default_answer, "default_answer"):
+            raise TypeError(problem)
+
+
+@dataclass(frozen=True)
 class Action:
     name: str
     execute: Execute
     input_model: type[BaseModel]
     answer_model: type[BaseModel] | None = None
     description: str = ""
+    policy: ApprovalPolicy = ApprovalPolicy()
     # Templates read an action's attributes; being callable, it would otherwise be called.
     do_not_call_in_templates: ClassVar[bool] = True
 
@@ -179,6 +207,7 @@ def action(
     input: type[BaseModel],  # noqa: A002 - the contract's name for it
     answer: type[BaseModel] | None = None,
     description: str | None = None,
+    policy: ApprovalPolicy | None = None,
 ) -> Callable[[Execute], Action]:
     """Register ``execute(ctx)`` (sync or async) as an action and return the :class:`Action`."""
 
@@ -190,6 +219,7 @@ def action(
             input_model=input,
             answer_model=answer,
             description=description if description is not None else doc,
+            policy=policy or ApprovalPolicy(),
         )
         return registry.register(act)
 

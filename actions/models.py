@@ -192,6 +192,16 @@ class Interrupt(models.Model):
     decided_by_name = models.CharField(max_length=150, blank=True)
     decided_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # Its policy, fixed when it was created (see ApprovalPolicy).
+    expires_at = models.DateTimeField(null=True, blank=True)
+    default_answer = models.JSONField(null=True, blank=True)
+    escalate_at = models.DateTimeField(null=True, blank=True)
+    escalate_to = models.ForeignKey(
+        Team, models.SET_NULL, null=True, blank=True, related_name="escalated_interrupts"
+    )
+    escalated_at = models.DateTimeField(null=True, blank=True)
+    approvals_required = models.PositiveSmallIntegerField(default=1)
+    assignees = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["run", "seq"]
@@ -203,6 +213,8 @@ class Interrupt(models.Model):
             models.Index(fields=["status", "-created_at"], name="interrupt_status_created"),
             # The history's keyset paging walks (created_at, id) backwards.
             models.Index(fields=["-created_at", "-id"], name="interrupt_created_id"),
+            models.Index(fields=["status", "expires_at"], name="interrupt_deadline"),
+            models.Index(fields=["status", "escalate_at"], name="interrupt_escalation"),
         ]
 
     def __str__(self) -> str:
@@ -214,6 +226,17 @@ class Interrupt(models.Model):
     @property
     def is_pending(self) -> bool:
         return self.status == self.Status.PENDING
+
+    @property
+    def team_ids(self) -> list[int]:
+        """The teams whose members see it: its own, and the one it escalated to."""
+        if self.escalated_at is not None and self.escalate_to_id is not None:
+            return [self.team_id, self.escalate_to_id]
+        return [self.team_id]
+
+    @classmethod
+    def visible_to(cls, team_ids: Any) -> models.Q:
+        return models.Q(team__in=team_ids) | models.Q(escalate_to__in=team_ids, escalated_at__isnull=False)
 
     def summary(self, limit: int = 100) -> str:
         """``data`` on one line, for the inbox."""
@@ -230,6 +253,40 @@ def _short(value: Any) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, ensure_ascii=False)
+
+
+class Approval(models.Model):
+    """One person's approval of an interrupt that needs several (N-of-M)."""
+
+    interrupt = models.ForeignKey(Interrupt, models.CASCADE, related_name="approvals")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, models.PROTECT, related_name="+")
+    answer = models.JSONField(null=True, blank=True)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["interrupt", "user"], name="one_approval_per_person")]
+
+
+class Policy(models.Model):
+    """A team's override of an action's ApprovalPolicy."""
+
+    team = models.ForeignKey(Team, models.CASCADE, related_name="policies")
+    action = models.CharField(max_length=200)
+    deadline_minutes = models.PositiveIntegerField(null=True, blank=True)
+    default_answer = models.JSONField(
+        null=True, blank=True, help_text="Applied at the deadline. Empty: the interrupt expires instead."
+    )
+    escalate_after_minutes = models.PositiveIntegerField(null=True, blank=True)
+    escalate_to = models.ForeignKey(Team, models.SET_NULL, null=True, blank=True, related_name="+")
+    approvals_required = models.PositiveSmallIntegerField(default=1)
+    assignees = models.CharField(max_length=500, blank=True, help_text="Usernames, comma-separated")
+
+    class Meta:
+        verbose_name_plural = "policies"
+        constraints = [models.UniqueConstraint(fields=["team", "action"], name="one_policy_per_team_action")]
+
+    def __str__(self) -> str:
+        return f"{self.action} in {self.team}"
 
 
 class RunEventQuerySet(models.QuerySet["RunEvent"]):
@@ -255,6 +312,7 @@ class RunEvent(models.Model):
         CANCELLED = "cancelled"
         REQUEUED = "requeued"
         EXPIRED = "expired"
+        ESCALATED = "escalated"
         CHECKPOINT_VIEWED = "checkpoint_viewed"
 
     run = models.ForeignKey(Run, models.CASCADE, related_name="events")

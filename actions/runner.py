@@ -25,6 +25,7 @@ from actions import live
 from actions.core import (
     Action,
     ActionResumption,
+    ApprovalPolicy,
     Completed,
     Failed,
     Interrupted,
@@ -32,7 +33,18 @@ from actions.core import (
     invoke,
     registry,
 )
-from actions.models import Actor, Interrupt, Run, RunEvent, Team, actor_name, actor_user
+from actions.models import (
+    Actor,
+    ApiToken,
+    Approval,
+    Interrupt,
+    Policy,
+    Run,
+    RunEvent,
+    Team,
+    actor_name,
+    actor_user,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +85,10 @@ class AlreadyDecided(EngineError):
 
 class NotCancellable(EngineError):
     pass
+
+
+class NotAllowed(EngineError):
+    """The caller may see this interrupt but not decide it (assignment, N-of-M rules)."""
 
 
 MAX_NESTING = 32
@@ -181,6 +197,68 @@ def start_run(
     return run
 
 
+# Policies
+
+
+def effective_policy(team_id: int, action_name: str) -> ApprovalPolicy:
+    """The action's declared policy, unless the team overrides it (admin: Policies)."""
+    override = (
+        Policy.objects.filter(team_id=team_id, action=action_name).select_related("escalate_to").first()
+    )
+    if override is None:
+        return registry.get(action_name).policy if action_name in registry else ApprovalPolicy()
+
+    def minutes(value: int | None) -> timedelta | None:
+        return timedelta(minutes=value) if value else None
+
+    return ApprovalPolicy(
+        deadline=minutes(override.deadline_minutes),
+        default_answer=override.default_answer,
+        escalate_after=minutes(override.escalate_after_minutes) if override.escalate_to else None,
+        escalate_to=override.escalate_to.slug
+        if override.escalate_to and override.escalate_after_minutes
+        else None,
+        approvals=override.approvals_required or 1,
+        assignees=tuple(name.strip() for name in override.assignees.split(",") if name.strip()),
+    )
+
+
+def _policy_fields(team_id: int, action_name: str, now: Any) -> dict[str, Any]:
+    policy = effective_policy(team_id, action_name)
+    escalate_to = Team.objects.filter(slug=policy.escalate_to).first() if policy.escalate_to else None
+    return {
+        "expires_at": now + policy.deadline if policy.deadline else None,
+        "default_answer": policy.default_answer,
+        "escalate_at": now + policy.escalate_after if policy.escalate_after and escalate_to else None,
+        "escalate_to": escalate_to,
+        "approvals_required": policy.approvals,
+        "assignees": list(policy.assignees),
+    }
+
+
+def may_decide(by: Actor, interrupt: Interrupt) -> bool:
+    """Members of its team (or of the team it escalated to), and among them its assignees if
+    it names any. A token acts for its team, but is nobody in particular: it cannot be one of
+    several required approvers, nor a named assignee."""
+    if by is None:
+        return True  # the engine itself: a deadline policy
+    if isinstance(by, ApiToken):
+        return (
+            by.team_id in interrupt.team_ids and not interrupt.assignees and interrupt.approvals_required == 1
+        )
+    if not by.is_authenticated or not Team.objects.filter(pk__in=interrupt.team_ids, members=by.pk).exists():
+        return False
+    return not interrupt.assignees or by.get_username() in interrupt.assignees
+
+
+def why_not(by: Actor, interrupt: Interrupt) -> str:
+    if interrupt.assignees:
+        return f"Only {', '.join(interrupt.assignees)} may decide this."
+    if isinstance(by, ApiToken) and interrupt.approvals_required > 1:
+        return f"This needs {interrupt.approvals_required} people to approve; an API token is not a person."
+    return f"Only members of {interrupt.team} can decide this."
+
+
 # Deciding
 
 
@@ -208,14 +286,24 @@ def _decide(
     answer: Any = None,
     reason: str = "",
     then: Callable[[Run, Interrupt], None],
+    policy: str = "",
 ) -> Interrupt:
+    """Decide a pending interrupt. ``policy`` names the policy deciding it, when no one does."""
     now = timezone.now()
     with transaction.atomic():
-        # Lock the run first: two reviewers deciding two interrupts of one agent turn must see
-        # each other's decision, or neither would resume the run (PostgreSQL; SQLite's IMMEDIATE
-        # transactions already serialise writers).
+        # Lock the run first: two reviewers deciding two interrupts of one agent turn (or two
+        # of N required approvers) must see each other's decision, or neither would resume the
+        # run (PostgreSQL; SQLite's IMMEDIATE transactions already serialise writers).
         run_id = Interrupt.objects.values_list("run_id", flat=True).get(pk=interrupt_id)
         run = Run.objects.select_for_update().get(pk=run_id)
+        current = Interrupt.objects.select_related("team").get(pk=interrupt_id)
+        if current.status != Interrupt.Status.PENDING:
+            raise AlreadyDecided(current)
+        if not policy and not may_decide(by, current):
+            raise NotAllowed(why_not(by, current))
+        needs_more = status == Interrupt.Status.APPROVED and current.approvals_required > 1 and not policy
+        if needs_more and not _count_approval(run, current, by, answer):
+            return current
         # The conditional UPDATE is the decision: of two reviewers clicking at once, exactly one
         # changes a pending row; the other changes nothing and is told who won.
         won = Interrupt.objects.filter(pk=interrupt_id, status=Interrupt.Status.PENDING).update(
@@ -223,26 +311,61 @@ def _decide(
             answer=answer,
             reason=reason,
             decided_by=actor_user(by),
-            decided_by_name=actor_name(by),
+            decided_by_name=policy or actor_name(by),
             decided_at=now,
         )
         interrupt = Interrupt.objects.get(pk=interrupt_id)
         if not won:
             raise AlreadyDecided(interrupt)
-        if status == Interrupt.Status.APPROVED:
-            _log(run, RunEvent.Kind.APPROVED, by, interrupt, seq=interrupt.seq)
-        else:
-            _log(run, RunEvent.Kind.REJECTED, by, interrupt, seq=interrupt.seq, reason=reason)
-        _push_after_commit(
-            run.team_id,
-            "decided",
-            run_id=run.pk,
-            interrupt_id=interrupt.pk,
-            status=interrupt.status,
-            decided_by=interrupt.decided_by_name,
-        )
+        kinds: dict[str, str] = {
+            Interrupt.Status.APPROVED: RunEvent.Kind.APPROVED,
+            Interrupt.Status.EXPIRED: RunEvent.Kind.EXPIRED,
+        }
+        kind = kinds.get(status, RunEvent.Kind.REJECTED)
+        detail: dict[str, Any] = {"seq": interrupt.seq}
+        if reason:
+            detail["reason"] = reason
+        if policy:
+            detail["policy"] = policy
+        _log(run, kind, by, interrupt, **detail)
+        for team_id in interrupt.team_ids:
+            _push_after_commit(
+                team_id,
+                "decided",
+                run_id=run.pk,
+                interrupt_id=interrupt.pk,
+                status=interrupt.status,
+                decided_by=interrupt.decided_by_name,
+            )
         then(run, interrupt)
     return interrupt
+
+
+def _count_approval(run: Run, interrupt: Interrupt, by: Actor, answer: Any) -> bool:
+    """Record one of N required approvals; True when this one completes them."""
+    user = actor_user(by)
+    if user is None:
+        raise NotAllowed(why_not(by, interrupt))
+    if interrupt.approvals.filter(user=user).exists():
+        raise NotAllowed(
+            f"You already approved this; it needs {interrupt.approvals_required} different people."
+        )
+    Approval.objects.create(interrupt=interrupt, user=user, answer=answer)
+    count = interrupt.approvals.count()
+    if count >= interrupt.approvals_required:
+        return True
+    _log(
+        run,
+        RunEvent.Kind.APPROVED,
+        by,
+        interrupt,
+        seq=interrupt.seq,
+        approvals=count,
+        of=interrupt.approvals_required,
+    )
+    for team_id in interrupt.team_ids:
+        _push_after_commit(team_id, "approval", run_id=run.pk, interrupt_id=interrupt.pk, status="pending")
+    return False
 
 
 def _queue_if_nothing_pending(run: Run, interrupt: Interrupt) -> None:
@@ -413,15 +536,17 @@ def record(run: Run, result: StepResult) -> None:
         if result.status == Status.INTERRUPTED:
             last = run.interrupts.aggregate(last=Max("seq"))["last"] or 0
             for offset, pause in enumerate(result.pauses, start=1):
+                action_name = pause.action or run.action
                 interrupt = Interrupt.objects.create(
                     run=run,
                     seq=last + offset,
                     team_id=run.team_id,
-                    action=pause.action or run.action,
+                    action=action_name,
                     message=pause.message,
                     data=pause.data,
                     state=pause.state,
                     tool_call_id=pause.tool_call_id,
+                    **_policy_fields(run.team_id, action_name, now),
                 )
                 _log(run, RunEvent.Kind.INTERRUPTED, None, interrupt, seq=interrupt.seq)
                 _push_after_commit(
@@ -468,5 +593,66 @@ def sweep(*, all_unfinished: bool = False) -> int:
                 updated_at=now
             ):
                 _enqueue(run_id)
+                count += 1
+    return count
+
+
+def _fail_expired(run: Run, interrupt: Interrupt) -> None:
+    assert interrupt.expires_at is not None
+    expired_at = timezone.localtime(interrupt.expires_at).strftime("%Y-%m-%d %H:%M %Z")
+    _finish_with_pending_cancelled(
+        run, Status.FAILED, error=f"the approval expired at {expired_at} without a decision"
+    )
+
+
+def apply_policies(now: Any = None) -> int:
+    """Fire due deadlines and escalations. Each is a conditional change on a pending
+    interrupt, so it happens once, and a reviewer deciding at the same moment either wins
+    (the policy then does nothing) or is told the policy decided first."""
+    now = now or timezone.now()
+    count = 0
+    for interrupt in Interrupt.objects.filter(status=Interrupt.Status.PENDING, expires_at__lte=now):
+        try:
+            if interrupt.default_answer is not None:
+                _decide(
+                    interrupt.pk,
+                    Interrupt.Status.APPROVED,
+                    None,
+                    answer=interrupt.default_answer,
+                    then=_queue_if_nothing_pending,
+                    policy="deadline policy",
+                )
+            else:
+                _decide(
+                    interrupt.pk,
+                    Interrupt.Status.EXPIRED,
+                    None,
+                    reason="deadline passed",
+                    then=_fail_expired,
+                    policy="deadline policy",
+                )
+            count += 1
+        except AlreadyDecided:
+            pass  # a reviewer was first
+    due = Interrupt.objects.filter(
+        status=Interrupt.Status.PENDING, escalate_at__lte=now, escalated_at=None, escalate_to__isnull=False
+    ).select_related("escalate_to")
+    for interrupt in due:
+        target = interrupt.escalate_to
+        assert target is not None
+        with transaction.atomic():
+            escalated = Interrupt.objects.filter(
+                pk=interrupt.pk, status=Interrupt.Status.PENDING, escalated_at=None
+            ).update(escalated_at=now)
+            if escalated:
+                _log(interrupt.run_id, RunEvent.Kind.ESCALATED, None, interrupt, to=target.slug)
+                for team_id in (interrupt.team_id, target.pk):
+                    _push_after_commit(
+                        team_id,
+                        "interrupt",
+                        run_id=interrupt.run_id,
+                        interrupt_id=interrupt.pk,
+                        status="pending",
+                    )
                 count += 1
     return count

@@ -15,3 +15,8 @@ def run_step(run_id: int) -> None:
 @shared_task(name="actions.tasks.sweep")
 def sweep() -> int:
     return runner.sweep()
+
+
+@shared_task(name="actions.tasks.apply_policies")
+def apply_policies() -> int:
+    return runner.apply_policies()

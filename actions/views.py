@@ -10,7 +10,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.db.models import Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
@@ -44,13 +44,15 @@ def _htmx(request: AuthenticatedRequest) -> bool:
 def _visible_runs(user: User) -> QuerySet[Run]:
     if user.is_staff:
         return Run.objects.all()
-    return Run.objects.filter(team__members=user)
+    teams = Team.objects.filter(members=user)
+    escalated = Interrupt.objects.filter(escalate_to__in=teams, escalated_at__isnull=False).values("run_id")
+    return Run.objects.filter(Q(team__in=teams) | Q(pk__in=escalated))
 
 
 def _get_interrupt_for_user(user: User, pk: int) -> Interrupt:
-    interrupts = Interrupt.objects.select_related("run", "team")
+    interrupts = Interrupt.objects.select_related("run", "team", "escalate_to")
     if not user.is_staff:
-        interrupts = interrupts.filter(team__members=user)
+        interrupts = interrupts.filter(Interrupt.visible_to(Team.objects.filter(members=user)))
     interrupt = interrupts.filter(pk=pk).first()
     if interrupt is None:
         raise Http404("No such interrupt")
@@ -65,7 +67,7 @@ def _get_run_for_user(user: User, pk: int) -> Run:
 
 
 def _can_decide(user: User, interrupt: Interrupt) -> bool:
-    return interrupt.team.members.filter(pk=user.pk).exists()
+    return runner.may_decide(user, interrupt) and not interrupt.approvals.filter(user=user).exists()
 
 
 def _action_or_none(name: str) -> Action | None:
@@ -79,8 +81,9 @@ def _action_or_none(name: str) -> Action | None:
 def inbox(request: AuthenticatedRequest) -> HttpResponse:
     teams = list(Team.objects.filter(members=request.user))
     pending = (
-        Interrupt.objects.filter(team__in=teams, status=Interrupt.Status.PENDING)
-        .select_related("run", "team")
+        Interrupt.objects.filter(Interrupt.visible_to(teams), status=Interrupt.Status.PENDING)
+        .select_related("run", "team", "escalate_to")
+        .annotate(approval_count=Count("approvals"))
         .order_by("-created_at", "-id")
     )
     team_slug = request.GET.get("team", "")
@@ -115,9 +118,13 @@ def _answer_form(interrupt: Interrupt, data: Any = None) -> SchemaForm | Approva
 
 def _decision_context(request: AuthenticatedRequest, interrupt: Interrupt, **extra: Any) -> dict[str, Any]:
     can_decide = _can_decide(request.user, interrupt)
+    approvals = list(interrupt.approvals.select_related("user").order_by("at"))
     context = {
         "interrupt": interrupt,
         "can_decide": can_decide,
+        "approvals": approvals,
+        "you_approved": any(a.user_id == request.user.pk for a in approvals),
+        "why_not": runner.why_not(request.user, interrupt),
         "answer_form": _answer_form(interrupt) if can_decide else None,
         "reject_form": RejectForm(prefix="reject") if can_decide else None,
     }
@@ -166,10 +173,8 @@ def _decided(request: AuthenticatedRequest, interrupt: Interrupt, text: str) -> 
 @require_POST
 def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     interrupt = _get_interrupt_for_user(request.user, pk)
-    if not _can_decide(request.user, interrupt):
-        return _render_decision(
-            request, interrupt, status=403, error=f"Only members of {interrupt.team} can decide this."
-        )
+    if not runner.may_decide(request.user, interrupt):
+        return _render_decision(request, interrupt, status=403, error=runner.why_not(request.user, interrupt))
     form = _answer_form(interrupt, request.POST)
     if not form.is_valid():
         return _render_decision(request, interrupt, status=422, answer_form=form)
@@ -183,6 +188,8 @@ def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
         return _render_decision(request, interrupt, status=413, answer_form=form)
     except runner.AlreadyDecided as exc:
         return _render_decision(request, exc.interrupt, status=409, error=f"Not approved: {exc}.")
+    except runner.NotAllowed as exc:
+        return _render_decision(request, interrupt, status=403, error=str(exc))
     return _decided(request, interrupt, f"Approved “{interrupt.message}”.")
 
 
@@ -190,10 +197,8 @@ def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
 @require_POST
 def reject(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     interrupt = _get_interrupt_for_user(request.user, pk)
-    if not _can_decide(request.user, interrupt):
-        return _render_decision(
-            request, interrupt, status=403, error=f"Only members of {interrupt.team} can decide this."
-        )
+    if not runner.may_decide(request.user, interrupt):
+        return _render_decision(request, interrupt, status=403, error=runner.why_not(request.user, interrupt))
     form = RejectForm(request.POST, prefix="reject")
     if not form.is_valid():
         return _render_decision(request, interrupt, status=422, reject_form=form, open_reject=True)

@@ -153,6 +153,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envint("STEP_VISIBILITY
 CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", "false")
 CELERY_BEAT_SCHEDULE = {
     "sweep-stuck-runs": {"task": "actions.tasks.sweep", "schedule": 60.0},
+    "apply-deadlines-and-escalations": {"task": "actions.tasks.apply_policies", "schedule": 30.0},
 }
 
 # Grundlag itself.

@@ -77,7 +77,7 @@ def test_staff_audit_but_only_members_decide(team: Team, auditor: User) -> None:
     it = start(team)
     client = logged_in(auditor)
     page = client.get(f"/interrupts/{it.pk}/").content.decode()
-    assert "Only they can decide" in page and "Approve</button>" not in page
+    assert "Only members of Finance can decide this." in page and "Approve</button>" not in page
     assert client.post(f"/interrupts/{it.pk}/approve/", {}).status_code == 403
     it.refresh_from_db()
     assert it.status == "pending"

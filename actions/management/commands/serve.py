@@ -15,6 +15,7 @@ from actions import runner
 logger = logging.getLogger("actions")
 
 SWEEP_EVERY_SECONDS = 60.0
+POLICY_EVERY_SECONDS = 15.0
 
 
 class Command(BaseCommand):
@@ -77,8 +78,13 @@ def start_embedded_worker() -> Any:
 
 
 def sweep_periodically(stop: threading.Event) -> None:
-    while not stop.wait(SWEEP_EVERY_SECONDS):
+    """What Celery beat does in the scaled setup: recover stuck runs, fire due policies."""
+    ticks = 0
+    while not stop.wait(POLICY_EVERY_SECONDS):
+        ticks += 1
         try:
-            runner.sweep()
+            runner.apply_policies()
+            if ticks % int(SWEEP_EVERY_SECONDS / POLICY_EVERY_SECONDS) == 0:
+                runner.sweep()
         except Exception:
-            logger.exception("sweep failed")
+            logger.exception("periodic engine work failed")
