@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -29,7 +30,9 @@ def team_group(team_id: int) -> str:
 
 def notify_team(team_id: int, event: str, **payload: Any) -> None:
     """Tell every connected reviewer of the team that something changed. Never raises."""
-    message = {"type": "inbox.changed", "event": event, **payload}
+    # "at" (epoch seconds, when the change was committed and pushed) lets a client judge how
+    # fresh a frame is; the push-latency benchmark measures from it.
+    message = {"type": "inbox.changed", "event": event, "at": time.time(), **payload}
     try:
         _group_send(team_group(team_id), message)
     except Exception:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,9 @@ if _database["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": envint("SQLITE_TIMEOUT", "20", minimum=1),
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
-    _database["TEST"] = {"NAME": os.getenv("TEST_SQLITE_NAME", str(BASE_DIR / "test.sqlite3"))}
+    # A file (threads and subprocesses share it, unlike :memory:), one per test process.
+    _default_test_db = Path(tempfile.gettempdir()) / f"grundlag-test-{os.getpid()}.sqlite3"
+    _database["TEST"] = {"NAME": os.getenv("TEST_SQLITE_NAME", str(_default_test_db))}
 DATABASES: dict[str, Any] = {"default": _database}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.cache import cache
 from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
@@ -96,6 +97,7 @@ def test_history_filters_by_team_status_decider_and_text(team: Team, other_team:
 
 
 def test_decision_times_show_median_and_p90_per_action(team: Team, auditor: User) -> None:
+    cache.clear()
     bulk_history(team, 10)  # decided after 1..10 minutes
     page = staff(auditor).get("/history/").content.decode()
     assert "median 6 min · p90 10 min · 10" in page

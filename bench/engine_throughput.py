@@ -1,0 +1,138 @@
+"""Engine cycle throughput: runs that pause once and are resumed once, persisted, per second.
+
+Grundlag on SQLite and on PostgreSQL, side by side with LangGraph (a graph whose node calls
+``interrupt()``, resumed with ``Command(resume=...)``, checkpointed by langgraph-checkpoint-sqlite)
+doing the same work in the same run, on the same disk. Steps run inline (the Celery task body,
+without a broker), so this measures the engine and its persistence, as LangGraph's invoke does.
+
+    python -m bench.engine_throughput [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, TypedDict
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def grundlag_cycles(seconds: float) -> dict[str, Any]:
+    """Runs in a child process whose DATABASE_URL names the database under test."""
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "grundlag_site.settings")
+    django.setup()
+    from actions import runner
+    from actions.models import Run, Team
+    from grundlag_site.celery import app
+
+    app.conf.task_always_eager = True
+    team, _ = Team.objects.get_or_create(slug="bench", defaults={"name": "Bench"})
+    cycles = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        run = runner.start_run("bench_pause", {"n": cycles}, team, None)
+        interrupt = run.interrupts.get()
+        runner.resume(interrupt, {"ok": True}, None)
+        cycles += 1
+    elapsed = time.perf_counter() - started
+    completed = Run.objects.filter(team=team, status="completed").count()
+    assert completed == cycles, f"{completed} of {cycles} runs completed"
+    return {"cycles": cycles, "seconds": elapsed}
+
+
+class State(TypedDict, total=False):
+    n: int
+    answer: dict[str, Any]
+
+
+def langgraph_cycles(path: Path, seconds: float) -> dict[str, Any]:
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import Command, interrupt
+
+    def approve(state: State) -> State:
+        answer = interrupt({"n": state["n"]})
+        return {"answer": answer}
+
+    graph = StateGraph(State)
+    graph.add_node("approve", approve)
+    graph.add_edge(START, "approve")
+    graph.add_edge("approve", END)
+    connection = sqlite3.connect(path, check_same_thread=False)
+    # The same durability trade-off Grundlag's SQLite runs with.
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("PRAGMA synchronous=NORMAL")
+    app = graph.compile(checkpointer=SqliteSaver(connection))
+    cycles = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        config: Any = {"configurable": {"thread_id": f"t{cycles}"}}
+        paused = app.invoke({"n": cycles}, config)
+        assert "__interrupt__" in paused
+        done = app.invoke(Command(resume={"ok": True}), config)
+        assert done["answer"] == {"ok": True}
+        cycles += 1
+    return {"cycles": cycles, "seconds": time.perf_counter() - started}
+
+
+def measure_in_child(database_url: str, seconds: float) -> dict[str, Any]:
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "GRUNDLAG_ACTION_MODULES": "actions.examples,bench.actions",
+    }
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.engine_throughput", "--child", "--seconds", str(seconds)],
+        cwd=ROOT, env=env, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(grundlag_cycles(args.seconds)))
+        return
+
+    sys.path.insert(0, str(ROOT))
+    from tests.integration.services import Postgres
+
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="grundlag-bench-") as tmp:
+        results["grundlag sqlite"] = measure_in_child(f"sqlite:///{tmp}/engine.sqlite3", args.seconds)
+        results["langgraph sqlite"] = langgraph_cycles(Path(tmp) / "langgraph.sqlite3", args.seconds)
+        postgres = Postgres()
+        postgres.init()
+        postgres.start()
+        try:
+            url = postgres.create_database("bench")
+            results["grundlag postgresql"] = measure_in_child(url, args.seconds)
+        finally:
+            postgres.cleanup()
+
+    rates = {name: r["cycles"] / r["seconds"] for name, r in results.items()}
+    print(f"Engine cycles per second (pause once, resume once, persisted), {args.seconds:.0f} s each")
+    for name, rate in rates.items():
+        print(f"  {name:<22} {rate:8.1f} cycles/s   ({results[name]['cycles']} cycles)")
+    ratio = rates["grundlag sqlite"] / rates["langgraph sqlite"]
+    print(f"  grundlag sqlite / langgraph sqlite: {ratio:.2f}x (goal: at least 2x)")
+
+
+if __name__ == "__main__":
+    main()

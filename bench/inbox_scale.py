@@ -1,0 +1,132 @@
+"""The inbox and the history page at scale: server time of `/` and `/history/` with 1,000 and
+with 100,000 interrupts in history (and 1,000 pending), and the ratio between the two (goal: at
+most 1.3; it must not grow with history).
+
+    python -m bench.inbox_scale [--requests 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def populate(team: Any, history: int, pending: int) -> None:
+    from django.utils import timezone
+
+    from actions.models import Interrupt, Run
+
+    now = timezone.now()
+    for start in range(0, history + pending, 5000):
+        size = min(5000, history + pending - start)
+        runs = Run.objects.bulk_create(
+            [Run(action="send_invoice", team=team, status="completed", input={}) for _ in range(size)]
+        )
+        rows = []
+        for offset, run in enumerate(runs):
+            i = start + offset
+            is_pending = i >= history
+            # History spread over a year; pending ones are recent.
+            created = now - (
+                timedelta(minutes=i % 600) if is_pending else timedelta(minutes=(i * 5) % 525_600 + 60)
+            )
+            rows.append(
+                Interrupt(
+                    run=run,
+                    seq=1,
+                    team=team,
+                    action="send_invoice",
+                    message=f"Approve invoice {i}?",
+                    data={"invoice_id": f"INV-{i}", "amount": i % 997},
+                    created_at=created,
+                    status="pending" if is_pending else "approved",
+                    decided_by_name="" if is_pending else "reviewer1",
+                    decided_at=None if is_pending else created + timedelta(minutes=i % 90 + 1),
+                )  # fmt: skip
+            )
+        Interrupt.objects.bulk_create(rows)
+
+
+def server_ms(client: Any, url: str, requests: int) -> float:
+    client.get(url)  # warm
+    times = []
+    for _ in range(requests):
+        started = time.perf_counter()
+        response = client.get(url)
+        times.append((time.perf_counter() - started) * 1000)
+        assert response.status_code == 200, response.status_code
+    return statistics.median(times)
+
+
+def child(requests: int) -> None:
+    import django
+
+    django.setup()
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from actions.models import Interrupt, Team
+
+    team = Team.objects.create(name="Bench", slug="bench")
+    reviewer = User.objects.create_user("reviewer1")
+    auditor = User.objects.create_user("auditor", is_staff=True)
+    team.members.add(reviewer)
+    reviewer_client, auditor_client = Client(), Client()
+    reviewer_client.force_login(reviewer)
+    auditor_client.force_login(auditor)
+
+    populate(team, 1_000, 1_000)
+    small = {
+        url: server_ms(c, url, requests) for url, c in (("/", reviewer_client), ("/history/", auditor_client))
+    }
+    Interrupt.objects.filter(status="pending").delete()
+    populate(team, 99_000, 1_000)
+    assert Interrupt.objects.count() == 101_000
+    large = {
+        url: server_ms(c, url, requests) for url, c in (("/", reviewer_client), ("/history/", auditor_client))
+    }
+    print("Server time (median of %d requests), 1,000 pending in both cases" % requests)
+    for url in small:
+        ratio = large[url] / small[url]
+        print(
+            f"  {url:<11} 1,000 in history {small[url]:7.1f} ms   100,000 in history {large[url]:7.1f} ms   ratio {ratio:.2f} (goal <= 1.3)"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=30)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.requests)
+        return
+    with tempfile.TemporaryDirectory(prefix="grundlag-bench-") as tmp:
+        env = {
+            **os.environ,
+            "DATABASE_URL": f"sqlite:///{tmp}/scale.sqlite3",
+            "DJANGO_SETTINGS_MODULE": "grundlag_site.settings",
+        }
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True
+        )
+        subprocess.run(
+            [sys.executable, "-m", "bench.inbox_scale", "--child", "--requests", str(args.requests)],
+            cwd=ROOT,
+            env=env,
+            check=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

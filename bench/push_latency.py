@@ -1,0 +1,153 @@
+"""Push latency, and the server's memory with many reviewers connected.
+
+N reviewers (logged-in websocket clients of the real app) are connected; a run is started that
+pauses; each client times the frame that announces the interrupt, from the moment the engine
+pushed it after commit (the frame's "at") to its arrival. p50/p99 for N = 1, 100, 1,000, on the
+embedded setup (`manage.py serve`: in-memory layer) and on the scaled one (daphne + a Celery
+worker process + channels-redis). Also prints the web process's RSS with the N sockets open.
+
+    python -m bench.push_latency [--sizes 1,100,1000] [--rounds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.integration.processes import Server, Site, base_env  # noqa: E402
+from tests.integration.services import Redis  # noqa: E402
+
+MAKE_SESSIONS = """
+import json
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
+from django.contrib.sessions.backends.db import SessionStore
+from actions.models import Team
+User = get_user_model()
+team = Team.objects.get(slug="demo")
+names = [f"bench{{i}}" for i in range({count})]
+User.objects.bulk_create([User(username=n, password="!") for n in names], ignore_conflicts=True)
+users = list(User.objects.filter(username__in=names))
+team.members.add(*users)
+keys = []
+for user in users:
+    s = SessionStore()
+    s[SESSION_KEY] = str(user.pk)
+    s[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+    s[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    s.create()
+    keys.append(s.session_key)
+print(json.dumps(keys))
+"""
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def measure(server: Server, token: str, sessions: list[str], rounds: int) -> tuple[list[float], float]:
+    import httpx
+    import psutil
+    import websockets
+
+    url = f"ws://127.0.0.1:{server.port}/ws/inbox/"
+    sockets = []
+    for key in sessions:
+        ws = await websockets.connect(
+            url, additional_headers={"Cookie": f"sessionid={key}", "Origin": server.url}, max_queue=None
+        )
+        hello = json.loads(await ws.recv())
+        assert hello["event"] == "hello", hello
+        sockets.append(ws)
+    rss = psutil.Process(server.proc.pid).memory_info().rss / 2**20
+
+    samples: list[float] = []
+
+    async def wait_for(ws: Any, interrupt_id: int) -> float:
+        while True:
+            frame = json.loads(await ws.recv())
+            if frame.get("event") == "interrupt" and frame.get("interrupt_id") == interrupt_id:
+                return (time.time() - frame["at"]) * 1000
+
+    async with httpx.AsyncClient(
+        base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=60
+    ) as api:
+        for n in range(rounds):
+            # Start listening first, then start the run; the interrupt id is known from the response.
+            response = await api.post(
+                "/api/runs", json={"action": "bench_pause", "input": {"n": n}}, headers={"Prefer": "wait=30"}
+            )
+            interrupt_id = response.json()["interrupt"]["id"]
+            samples += await asyncio.wait_for(
+                asyncio.gather(*(wait_for(ws, interrupt_id) for ws in sockets)), 60
+            )
+    for ws in sockets:
+        await ws.close()
+    return samples, rss
+
+
+def run_setup(name: str, sizes: list[int], rounds: int) -> list[str]:
+    lines = []
+    with tempfile.TemporaryDirectory(prefix="grundlag-bench-") as tmp:
+        env = base_env(f"sqlite:///{tmp}/push.sqlite3", action_modules="actions.examples,bench.actions")
+        env["GRUNDLAG_SOCKET_RECHECK_SECONDS"] = "3600"
+        site = Site(env=env, log_dir=Path(tmp))
+        redis = None
+        if name == "channels-redis":
+            redis = Redis()
+            redis.start()
+            env["REDIS_URL"] = redis.url
+        try:
+            site.manage("migrate", "--noinput", "-v0")
+            token = site.manage("seed_demo", "--no-runs").strip().splitlines()[-1].split(": ")[-1]
+            all_sessions = json.loads(
+                site.manage("shell", "-c", MAKE_SESSIONS.format(count=max(sizes))).split("\n")[-2]
+            )
+            if redis is None:
+                server = site.serve()
+            else:
+                server = site.daphne()
+                site.worker("bench", concurrency=4)
+            for size in sizes:
+                samples, rss = asyncio.run(measure(server, token, all_sessions[:size], rounds))
+                lines.append(
+                    f"  {name:<15} N={size:<5} p50 {statistics.median(samples):7.1f} ms   "
+                    f"p99 {percentile(samples, 0.99):7.1f} ms   ({len(samples)} frames)   web RSS {rss:6.1f} MB"
+                )
+                print(lines[-1], flush=True)
+        finally:
+            site.stop_all()
+            if redis is not None:
+                redis.stop()
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="1,100,1000")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--setups", default="embedded,channels-redis")
+    args = parser.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))  # inherited by the servers
+    sizes = [int(size) for size in args.sizes.split(",")]
+    print(
+        f"Push latency, commit to frame at every client ({args.rounds} runs per size); goal p99 < 50 ms at N=100"
+    )
+    for setup in args.setups.split(","):
+        run_setup(setup, sizes, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
