@@ -135,11 +135,11 @@ def history(request: HttpRequest) -> HttpResponse:
     days = min(max(int(requested), 1), 3650) if requested.isdigit() else 30
     # The figures read every decision in the period; an audit page can show them a minute old.
     key = "history-times:" + hashlib.sha256(repr((sorted(applied.items()), days)).encode()).hexdigest()
-    by_team, by_action = cache.get_or_set(
-        key,
-        lambda: (decision_times(interrupts, "team", days), decision_times(interrupts, "action", days)),
-        STATS_CACHE_SECONDS,
-    )
+    times = cache.get(key)
+    if times is None:
+        times = (decision_times(interrupts, "team", days), decision_times(interrupts, "action", days))
+        cache.set(key, times, STATS_CACHE_SECONDS)
+    by_team, by_action = times
     query = request.GET.copy()
     query.pop("after", None)
     context = {

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 logger = logging.getLogger(__name__)
@@ -17,6 +17,21 @@ logger = logging.getLogger(__name__)
 # another thread (the embedded worker) must be handed to that loop: the layer's queues are
 # plain asyncio objects and would not wake a consumer waiting on another loop.
 _home_loop: asyncio.AbstractEventLoop | None = None
+# Elsewhere (a Celery worker, a management command), pushes go through one long-lived loop in a
+# thread of its own: async_to_sync per push would start a loop (and, with channels-redis, open
+# a connection) every time, which cost more than the step that pushed.
+_push_loop: asyncio.AbstractEventLoop | None = None
+_push_loop_lock = threading.Lock()
+
+
+def _background_loop() -> asyncio.AbstractEventLoop:
+    global _push_loop
+    with _push_loop_lock:
+        if _push_loop is None or _push_loop.is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="grundlag-push", daemon=True).start()
+            _push_loop = loop
+        return _push_loop
 
 
 def bind_loop(loop: asyncio.AbstractEventLoop) -> None:
@@ -54,4 +69,16 @@ def _group_send(group: str, message: dict[str, Any]) -> None:
         else:
             asyncio.run_coroutine_threadsafe(layer.group_send(group, message), loop)
         return
-    async_to_sync(layer.group_send)(group, message)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        future = asyncio.run_coroutine_threadsafe(layer.group_send(group, message), _background_loop())
+        future.add_done_callback(_report_failure)
+        return
+    # Called from inside an event loop that is not the home loop: hand it to ours all the same.
+    asyncio.run_coroutine_threadsafe(layer.group_send(group, message), _background_loop())
+
+
+def _report_failure(future: Any) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        logger.warning("push failed; clients catch up on reconnect: %r", future.exception())

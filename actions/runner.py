@@ -279,7 +279,7 @@ def validate_answer(interrupt: Interrupt, data: Any) -> Any:
 
 
 def _decide(
-    interrupt_id: int,
+    interrupt: Interrupt,
     status: str,
     by: Actor,
     *,
@@ -294,9 +294,8 @@ def _decide(
         # Lock the run first: two reviewers deciding two interrupts of one agent turn (or two
         # of N required approvers) must see each other's decision, or neither would resume the
         # run (PostgreSQL; SQLite's IMMEDIATE transactions already serialise writers).
-        run_id = Interrupt.objects.values_list("run_id", flat=True).get(pk=interrupt_id)
-        run = Run.objects.select_for_update().get(pk=run_id)
-        current = Interrupt.objects.select_related("team").get(pk=interrupt_id)
+        run = Run.objects.select_for_update().get(pk=interrupt.run_id)
+        current = Interrupt.objects.select_related("team").get(pk=interrupt.pk)
         if current.status != Interrupt.Status.PENDING:
             raise AlreadyDecided(current)
         if not policy and not may_decide(by, current):
@@ -306,17 +305,20 @@ def _decide(
             return current
         # The conditional UPDATE is the decision: of two reviewers clicking at once, exactly one
         # changes a pending row; the other changes nothing and is told who won.
-        won = Interrupt.objects.filter(pk=interrupt_id, status=Interrupt.Status.PENDING).update(
-            status=status,
-            answer=answer,
-            reason=reason,
-            decided_by=actor_user(by),
-            decided_by_name=policy or actor_name(by),
-            decided_at=now,
-        )
-        interrupt = Interrupt.objects.get(pk=interrupt_id)
+        decision = {
+            "status": status,
+            "answer": answer,
+            "reason": reason,
+            "decided_by": actor_user(by),
+            "decided_by_name": policy or actor_name(by),
+            "decided_at": now,
+        }
+        won = Interrupt.objects.filter(pk=current.pk, status=Interrupt.Status.PENDING).update(**decision)
         if not won:
-            raise AlreadyDecided(interrupt)
+            raise AlreadyDecided(Interrupt.objects.get(pk=current.pk))
+        for name, value in decision.items():
+            setattr(current, name, value)
+        interrupt = current
         kinds: dict[str, str] = {
             Interrupt.Status.APPROVED: RunEvent.Kind.APPROVED,
             Interrupt.Status.EXPIRED: RunEvent.Kind.EXPIRED,
@@ -386,7 +388,7 @@ def resume(interrupt: Interrupt, data: Any, by: Actor) -> Interrupt:
     Raises InvalidAnswer (nothing changed) or AlreadyDecided (someone else was first).
     """
     answer = validate_answer(interrupt, data)
-    return _decide(interrupt.pk, Interrupt.Status.APPROVED, by, answer=answer, then=_queue_if_nothing_pending)
+    return _decide(interrupt, Interrupt.Status.APPROVED, by, answer=answer, then=_queue_if_nothing_pending)
 
 
 def reject(interrupt: Interrupt, reason: str, by: Actor) -> Interrupt:
@@ -404,7 +406,7 @@ def reject(interrupt: Interrupt, reason: str, by: Actor) -> Interrupt:
             return
         _finish_with_pending_cancelled(run, Status.REJECTED, error=reason)
 
-    return _decide(interrupt.pk, Interrupt.Status.REJECTED, by, reason=reason, then=end_or_go_on)
+    return _decide(interrupt, Interrupt.Status.REJECTED, by, reason=reason, then=end_or_go_on)
 
 
 def _finish_with_pending_cancelled(run: Run, status: str, *, error: str = "", by: Actor = None) -> None:
@@ -488,19 +490,20 @@ def execute_step(run_id: int) -> None:
     """Claim the run's queued step, run it, and record how it ended. Idempotent."""
     now = timezone.now()
     lease = timedelta(seconds=settings.GRUNDLAG_STEP_LEASE_SECONDS)
-    # The claim: of two deliveries of the same message (at-least-once), or two workers, exactly
-    # one moves the run from queued to running; the other returns without running anything.
-    claimed = Run.objects.filter(pk=run_id, status=Status.QUEUED).update(
-        status=Status.RUNNING,
-        attempt=F("attempt") + 1,
-        lease_expires_at=now + lease,
-        updated_at=now,
-    )
-    if not claimed:
-        return
-    run = Run.objects.get(pk=run_id)
-    _log(run, RunEvent.Kind.CLAIMED, None, attempt=run.attempt)
-    live.notify_team(run.team_id, "run", run_id=run.pk, status=run.status)
+    with transaction.atomic():
+        # The claim: of two deliveries of the same message (at-least-once), or two workers,
+        # exactly one moves the run from queued to running; the other returns, running nothing.
+        claimed = Run.objects.filter(pk=run_id, status=Status.QUEUED).update(
+            status=Status.RUNNING,
+            attempt=F("attempt") + 1,
+            lease_expires_at=now + lease,
+            updated_at=now,
+        )
+        if not claimed:
+            return
+        run = Run.objects.get(pk=run_id)
+        _log(run, RunEvent.Kind.CLAIMED, None, attempt=run.attempt)
+        _push_after_commit(run.team_id, "run", run_id=run.pk, status=run.status)
 
     driver = DRIVERS.get(run.consumer)
     try:
@@ -615,7 +618,7 @@ def apply_policies(now: Any = None) -> int:
         try:
             if interrupt.default_answer is not None:
                 _decide(
-                    interrupt.pk,
+                    interrupt,
                     Interrupt.Status.APPROVED,
                     None,
                     answer=interrupt.default_answer,
@@ -624,7 +627,7 @@ def apply_policies(now: Any = None) -> int:
                 )
             else:
                 _decide(
-                    interrupt.pk,
+                    interrupt,
                     Interrupt.Status.EXPIRED,
                     None,
                     reason="deadline passed",
