@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, TypedDict
 
+from bench.common import PRODUCTION_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -87,6 +89,7 @@ def langgraph_cycles(path: Path, seconds: float) -> dict[str, Any]:
 def measure_in_child(database_url: str, seconds: float) -> dict[str, Any]:
     env = {
         **os.environ,
+        **PRODUCTION_ENV,
         "DATABASE_URL": database_url,
         "GRUNDLAG_ACTION_MODULES": "actions.examples,bench.actions",
     }

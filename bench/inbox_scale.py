@@ -18,6 +18,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from bench.common import PRODUCTION_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -115,6 +117,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="grundlag-bench-") as tmp:
         env = {
             **os.environ,
+            **PRODUCTION_ENV,
             "DATABASE_URL": f"sqlite:///{tmp}/scale.sqlite3",
             "DJANGO_SETTINGS_MODULE": "grundlag_site.settings",
         }
