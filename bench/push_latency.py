@@ -73,26 +73,32 @@ async def measure(server: Server, token: str, sessions: list[str], rounds: int) 
         sockets.append(ws)
     rss = psutil.Process(server.proc.pid).memory_info().rss / 2**20
 
+    # Each socket's reader stamps frames as they arrive, while the run is being started.
+    arrivals: list[dict[int, float]] = [{} for _ in sockets]
+
+    async def read(ws: Any, seen: dict[int, float]) -> None:
+        async for raw in ws:
+            frame = json.loads(raw)
+            if frame.get("event") == "interrupt":
+                seen[frame["interrupt_id"]] = (time.time() - frame["at"]) * 1000
+
+    readers = [asyncio.create_task(read(ws, seen)) for ws, seen in zip(sockets, arrivals, strict=True)]
     samples: list[float] = []
-
-    async def wait_for(ws: Any, interrupt_id: int) -> float:
-        while True:
-            frame = json.loads(await ws.recv())
-            if frame.get("event") == "interrupt" and frame.get("interrupt_id") == interrupt_id:
-                return (time.time() - frame["at"]) * 1000
-
     async with httpx.AsyncClient(
         base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=60
     ) as api:
         for n in range(rounds):
-            # Start listening first, then start the run; the interrupt id is known from the response.
             response = await api.post(
                 "/api/runs", json={"action": "bench_pause", "input": {"n": n}}, headers={"Prefer": "wait=30"}
             )
             interrupt_id = response.json()["interrupt"]["id"]
-            samples += await asyncio.wait_for(
-                asyncio.gather(*(wait_for(ws, interrupt_id) for ws in sockets)), 60
-            )
+            deadline = time.monotonic() + 30
+            while not all(interrupt_id in seen for seen in arrivals):
+                assert time.monotonic() < deadline, "frames did not arrive"
+                await asyncio.sleep(0.01)
+            samples += [seen[interrupt_id] for seen in arrivals]
+    for reader in readers:
+        reader.cancel()
     for ws in sockets:
         await ws.close()
     return samples, rss
@@ -128,6 +134,9 @@ def run_setup(name: str, sizes: list[int], rounds: int) -> list[str]:
                     f"web RSS {rss:6.1f} MB"
                 )
                 print(lines[-1], flush=True)
+        except BaseException:
+            print(site.logs()[-6000:])
+            raise
         finally:
             site.stop_all()
             if redis is not None:

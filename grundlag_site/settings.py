@@ -136,7 +136,13 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1500, "expiry": 30},
+            # socket_timeout=None: redis-py 8 defaults to 5 s, which cuts channels-redis's own
+            # 5 s blocking pop short, failing every idle consumer with 1011 (channels_redis#422).
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "socket_timeout": None}],
+                "capacity": 1500,
+                "expiry": 30,
+            },
         }
     }
 else:

@@ -4,6 +4,7 @@ processes, all real and started by the tests. SQLite where the issue asks for bo
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
 import time
@@ -191,3 +192,40 @@ def test_a_decision_while_postgresql_is_down_is_refused_clearly_and_changes_noth
         api.post(f"/api/interrupts/{interrupt_id}/resume", json={"data": {"ok": True}})
         assert wait_for_status(api, run["id"], "completed")["output"]["answer"] == {"ok": True}
     assert site.effects("outage") == 1
+
+
+def test_an_idle_socket_over_channels_redis_stays_open_and_still_gets_pushes(scaled_site: Site) -> None:
+    """redis-py 8 times blocking reads out after 5 s unless told otherwise; an idle consumer
+    must outlive that, or every reviewer's socket would drop and reconnect every 5 s."""
+    import websockets
+
+    site = scaled_site
+    web = site.daphne()
+    site.worker("w1")
+    reviewer = httpx.Client(base_url=web.url, timeout=30)
+    reviewer.get("/login/")
+    reviewer.post(
+        "/login/",
+        data={
+            "username": "reviewer1",
+            "password": "reviewer1-demo",
+            "csrfmiddlewaretoken": reviewer.cookies["csrftoken"],
+        },
+        headers={"Referer": f"{web.url}/login/"},
+    )
+    cookie = f"sessionid={reviewer.cookies['sessionid']}"
+
+    async def idle_then_receive() -> dict[str, Any]:
+        async with websockets.connect(
+            f"ws://127.0.0.1:{web.port}/ws/inbox/", additional_headers={"Cookie": cookie, "Origin": web.url}
+        ) as ws:
+            assert json.loads(await ws.recv())["event"] == "hello"
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(ws.recv(), 7)  # idle past redis-py's default timeout
+            run = await asyncio.to_thread(start_effect, web, site.token, "idle")
+            while True:
+                frame: dict[str, Any] = json.loads(await asyncio.wait_for(ws.recv(), 15))
+                if frame["event"] == "interrupt" and frame["interrupt_id"] == run["interrupt"]["id"]:
+                    return frame
+
+    assert asyncio.run(idle_then_receive())["status"] == "pending"
