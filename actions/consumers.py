@@ -5,6 +5,8 @@ over HTTP, so a frame lost while offline loses nothing."""
 from __future__ import annotations
 
 import asyncio
+import json
+from collections import deque
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -14,7 +16,7 @@ from django.conf import settings
 from django.contrib.auth import SESSION_KEY, get_user_model
 
 from actions import live
-from actions.models import Team
+from actions.models import Interrupt, Run, Team
 
 # A client has nothing to say beyond "ping"; anything bigger than this is not ours.
 MAX_FRAME_BYTES = 4096
@@ -24,9 +26,11 @@ NOT_AUTHENTICATED = 4401
 class InboxConsumer(AsyncJsonWebsocketConsumer):
     groups_joined: list[str]
     watcher: asyncio.Task[None] | None = None
+    watched_run: int | None = None
 
     async def connect(self) -> None:
         self.groups_joined = []
+        self.recent: deque[tuple[Any, ...]] = deque(maxlen=64)
         user = self.scope.get("user")
         if user is None or not user.is_authenticated or not user.is_active:
             await self.close(code=NOT_AUTHENTICATED)
@@ -43,6 +47,8 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
             self.watcher.cancel()
         for group in self.groups_joined:
             await self.channel_layer.group_discard(group, self.channel_name)
+        if self.watched_run is not None:
+            await self.channel_layer.group_discard(live.run_group(self.watched_run), self.channel_name)
 
     async def join(self, groups: list[str]) -> None:
         for group in set(self.groups_joined) - set(groups):
@@ -73,15 +79,47 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
             return
         if text_data.strip() == "ping" or '"ping"' in text_data:
             await self.send_json({"event": "pong"})
+            return
+        try:
+            message = json.loads(text_data)
+        except ValueError:
+            return
+        if isinstance(message, dict) and isinstance(message.get("watch_run"), int):
+            await self.watch_run(message["watch_run"])
         # Anything else is ignored: the socket only carries hints from the server.
 
+    async def watch_run(self, run_id: int) -> None:
+        """A run page asks for its run's status changes; only for a run the user may see."""
+        if not await self.may_see_run(run_id):
+            await self.send_json({"event": "watching", "run_id": None})
+            return
+        if self.watched_run is not None:
+            await self.channel_layer.group_discard(live.run_group(self.watched_run), self.channel_name)
+        self.watched_run = run_id
+        await self.channel_layer.group_add(live.run_group(run_id), self.channel_name)
+        await self.send_json({"event": "watching", "run_id": run_id})
+
     async def inbox_changed(self, event: dict[str, Any]) -> None:
+        # A run page hears a change through its team's group and its run's: send it once.
+        key = (event.get("at"), event.get("event"), event.get("run_id"), event.get("interrupt_id"))
+        if key in self.recent:
+            return
+        self.recent.append(key)
         await self.send_json({key: value for key, value in event.items() if key != "type"})
 
     @database_sync_to_async
     def team_groups(self) -> list[str]:
         teams = Team.objects.filter(members=self.scope["user"]).values_list("pk", flat=True)
         return sorted(live.team_group(pk) for pk in teams)
+
+    @database_sync_to_async
+    def may_see_run(self, run_id: int) -> bool:
+        user = self.scope["user"]
+        if user.is_staff:
+            return Run.objects.filter(pk=run_id).exists()
+        teams = Team.objects.filter(members=user)
+        escalated = Interrupt.objects.filter(run_id=run_id, escalate_to__in=teams, escalated_at__isnull=False)
+        return Run.objects.filter(pk=run_id, team__in=teams).exists() or escalated.exists()
 
     @database_sync_to_async
     def still_allowed(self) -> bool:

@@ -43,15 +43,35 @@ def team_group(team_id: int) -> str:
     return f"team-{team_id}"
 
 
+def run_group(run_id: int) -> str:
+    """Sockets of pages that show one run (they ask for it with {"watch_run": id})."""
+    return f"run-{run_id}"
+
+
 def notify_team(team_id: int, event: str, **payload: Any) -> None:
-    """Tell every connected reviewer of the team that something changed. Never raises."""
+    """Tell every connected reviewer of the team (and any page watching the run) that something
+    changed. Never raises."""
+    _send_to([team_group(team_id)], event, payload)
+
+
+def notify_run(team_id: int, run_id: int, status: str, *, finished: bool) -> None:
+    """A run's status changed. Only pages showing the run need to hear of it, unless it
+    finished: that may have cancelled interrupts in the team's inboxes."""
+    groups = [run_group(run_id), team_group(team_id)] if finished else [run_group(run_id)]
+    _send_to(groups, "run", {"run_id": run_id, "status": status})
+
+
+def _send_to(groups: list[str], event: str, payload: dict[str, Any]) -> None:
     # "at" (epoch seconds, when the change was committed and pushed) lets a client judge how
     # fresh a frame is; the push-latency benchmark measures from it.
     message = {"type": "inbox.changed", "event": event, "at": time.time(), **payload}
-    try:
-        _group_send(team_group(team_id), message)
-    except Exception:
-        logger.warning("push to team %s failed; clients catch up on reconnect", team_id, exc_info=True)
+    if "run_id" in payload and event != "run":
+        groups = [*groups, run_group(payload["run_id"])]
+    for group in groups:
+        try:
+            _group_send(group, message)
+        except Exception:
+            logger.warning("push to %s failed; clients catch up on reconnect", group, exc_info=True)
 
 
 def _group_send(group: str, message: dict[str, Any]) -> None:

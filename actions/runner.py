@@ -159,6 +159,11 @@ def _push_after_commit(team_id: int, event: str, **payload: Any) -> None:
     transaction.on_commit(lambda: live.notify_team(team_id, event, **payload))
 
 
+def _push_status_after_commit(run: Run, status: str) -> None:
+    finished = status in Run.FINISHED
+    transaction.on_commit(lambda: live.notify_run(run.team_id, run.pk, status, finished=finished))
+
+
 # Starting
 
 
@@ -192,7 +197,7 @@ def start_run(
         _log(run, RunEvent.Kind.STARTED, by, consumer=consumer)
         # Pushes are registered before the enqueue, so browsers hear of this change before
         # any change the step makes (on_commit callbacks run in order).
-        _push_after_commit(team.pk, "run", run_id=run.pk, status=run.status)
+        _push_status_after_commit(run, run.status)
         _enqueue(run.pk)
     return run
 
@@ -429,7 +434,7 @@ def cancel(run: Run, by: Actor) -> None:
             raise NotCancellable(f"run {run.pk} is already {locked.status}")
         _finish_with_pending_cancelled(locked, Status.CANCELLED, by=by)
         _log(locked, RunEvent.Kind.CANCELLED, by)
-        _push_after_commit(locked.team_id, "run", run_id=locked.pk, status=Status.CANCELLED)
+        _push_status_after_commit(locked, Status.CANCELLED)
 
 
 # Executing a step (what a worker does)
@@ -503,7 +508,7 @@ def execute_step(run_id: int) -> None:
             return
         run = Run.objects.get(pk=run_id)
         _log(run, RunEvent.Kind.CLAIMED, None, attempt=run.attempt)
-        _push_after_commit(run.team_id, "run", run_id=run.pk, status=run.status)
+        _push_status_after_commit(run, run.status)
 
     driver = DRIVERS.get(run.consumer)
     try:
@@ -559,7 +564,7 @@ def record(run: Run, result: StepResult) -> None:
             _log(run, RunEvent.Kind.COMPLETED, None)
         else:
             _log(run, RunEvent.Kind.FAILED, None, error=result.error)
-        _push_after_commit(run.team_id, "run", run_id=run.pk, status=result.status)
+        _push_status_after_commit(run, result.status)
 
 
 # Recovering

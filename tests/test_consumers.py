@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -178,3 +179,37 @@ async def test_removal_from_a_team_stops_its_pushes_without_a_reconnect(
     await start_invoice(team)
     assert await communicator.receive_nothing(timeout=0.5)
     await communicator.disconnect()
+
+
+async def test_inbox_sockets_hear_interrupts_but_only_run_pages_hear_run_steps(
+    team: Team, reviewer: User, outsider: User
+) -> None:
+    inbox, run_page, stranger = await connect(reviewer), await connect(reviewer), await connect(outsider)
+    first = await start_invoice(team)
+    for communicator in (inbox, run_page, stranger):
+        while not await communicator.receive_nothing(timeout=0.2):
+            await communicator.receive_output()
+    # The run page asks for its run; a stranger asking for it is refused.
+    await run_page.send_to(text_data=json.dumps({"watch_run": first.run_id}))
+    assert await run_page.receive_json_from() == {"event": "watching", "run_id": first.run_id}
+    await stranger.send_to(text_data=json.dumps({"watch_run": first.run_id}))
+    assert await stranger.receive_json_from() == {"event": "watching", "run_id": None}
+
+    await database_sync_to_async(runner.resume)(first, {"approved": True}, reviewer)
+
+    async def events(communicator: WebsocketCommunicator) -> list[tuple[str, str]]:
+        seen = []
+        while not await communicator.receive_nothing(timeout=0.3):
+            frame = await communicator.receive_json_from()
+            seen.append((frame["event"], frame["status"]))
+        return seen
+
+    assert await events(run_page) == [
+        ("decided", "approved"),
+        ("run", "running"),
+        ("run", "completed"),
+    ]
+    assert await events(inbox) == [("decided", "approved"), ("run", "completed")]
+    assert await events(stranger) == []
+    for communicator in (inbox, run_page, stranger):
+        await communicator.disconnect()

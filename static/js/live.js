@@ -13,7 +13,12 @@
     try { detail = JSON.parse(evt.detail.message); } catch (e) { return; }
     htmx.trigger(document.body, "grundlag:changed", detail);
   });
-  document.addEventListener("htmx:wsOpen", function () { setLive("live", "live"); });
+  document.addEventListener("htmx:wsOpen", function (evt) {
+    setLive("live", "live");
+    // A run page also wants its run's status changes, which inboxes do without.
+    var run = document.body.dataset.watchRun;
+    if (run) { evt.detail.socketWrapper.send(JSON.stringify({watch_run: parseInt(run, 10)})); }
+  });
   document.addEventListener("htmx:wsClose", function () { setLive("reconnecting", "reconnecting…"); });
   // htmx does not swap error responses; say what went wrong instead of doing nothing.
   function flash(text) {

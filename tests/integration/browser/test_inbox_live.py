@@ -57,6 +57,12 @@ def test_reviewers_see_a_new_approval_live_and_one_decision_clears_it_everywhere
     expect(reviewer2_detail.locator("#live")).to_have_attribute("data-state", "live")
     expect(reviewer2_detail.locator("button.approve")).to_be_visible()
 
+    # ...and has the run's page open in a third tab, to watch it finish.
+    reviewer2_run = reviewer2.context.new_page()
+    reviewer2_run.goto(f"/runs/{run['id']}/")
+    expect(reviewer2_run.locator("#live")).to_have_attribute("data-state", "live")
+    expect(reviewer2_run.locator("#run-status")).to_have_text("interrupted")
+
     reviewer1.click(f"{row} a.message")
     expect(reviewer1.locator("h1")).to_contain_text("Delete data of customer cus_77")
     expect(reviewer1.locator("main")).to_contain_text(XSS)  # shown as text, not markup
@@ -83,7 +89,11 @@ def test_reviewers_see_a_new_approval_live_and_one_decision_clears_it_everywhere
     assert detail["output"] == {"deleted": "cus_77", "scope": "everything", "ticket": "SEC-42"}
     assert detail["transcript"][0]["decided_by"] == "reviewer1"
 
-    # The run page shows the transcript, live.
+    # The open run page followed the run to its end without a reload.
+    expect(reviewer2_run.locator("#run-status")).to_have_text("completed")
+    expect(reviewer2_run.locator("ol.timeline")).to_contain_text("Approved by reviewer1")
+
+    # The run page shows the transcript.
     reviewer1.goto(f"/runs/{run['id']}/")
     expect(reviewer1.locator("#run-status")).to_have_text("completed")
     expect(reviewer1.locator("ol.timeline")).to_contain_text("Approved by reviewer1")
