@@ -51,3 +51,11 @@ scaled: venv
 # Refresh the README's screenshots (docs/inbox.png, docs/decision.png) from the browser test.
 screenshots: venv
 	GRUNDLAG_SCREENSHOTS=docs $(BIN)/pytest tests/integration/browser -k live_and_one_decision -q
+
+# The benchmarks (bench/RESULTS.md has the last results). Each is bounded to a few minutes.
+bench: venv
+	$(BIN)/pip install --quiet -r bench/requirements.txt
+	$(BIN)/python -m bench.engine_throughput
+	$(BIN)/python -m bench.push_latency
+	$(BIN)/python -m bench.decision_throughput
+	$(BIN)/python -m bench.inbox_scale
