@@ -44,6 +44,23 @@ def start_effect(server: Server, token: str, key: str, seconds: float = 0) -> di
     return run
 
 
+def logged_in_reviewer(web: Server) -> httpx.Client:
+    """An HTTP client logged in as reviewer1 through the login form, as a browser would be."""
+    reviewer = httpx.Client(base_url=web.url, timeout=30)
+    reviewer.get("/login/")
+    response = reviewer.post(
+        "/login/",
+        data={
+            "username": "reviewer1",
+            "password": "reviewer1-demo",
+            "csrfmiddlewaretoken": reviewer.cookies["csrftoken"],
+        },
+        headers={"Referer": f"{web.url}/login/"},
+    )
+    assert response.status_code == 302, "login failed"
+    return reviewer
+
+
 def issue_tokens(site: Site, count: int) -> list[str]:
     code = (
         "from actions.models import ApiToken, Team; t = Team.objects.get(slug='demo'); "
@@ -152,17 +169,7 @@ def test_a_decision_while_postgresql_is_down_is_refused_clearly_and_changes_noth
     run = start_effect(web, site.token, "outage")
     interrupt_id = run["interrupt"]["id"]
 
-    reviewer = httpx.Client(base_url=web.url, timeout=30)
-    reviewer.get("/login/")
-    reviewer.post(
-        "/login/",
-        data={
-            "username": "reviewer1",
-            "password": "reviewer1-demo",
-            "csrfmiddlewaretoken": reviewer.cookies["csrftoken"],
-        },
-        headers={"Referer": f"{web.url}/login/"},
-    )
+    reviewer = logged_in_reviewer(web)
     page = reviewer.get(f"/interrupts/{interrupt_id}/")
     assert page.status_code == 200
     csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
@@ -202,17 +209,7 @@ def test_an_idle_socket_over_channels_redis_stays_open_and_still_gets_pushes(sca
     site = scaled_site
     web = site.daphne()
     site.worker("w1")
-    reviewer = httpx.Client(base_url=web.url, timeout=30)
-    reviewer.get("/login/")
-    reviewer.post(
-        "/login/",
-        data={
-            "username": "reviewer1",
-            "password": "reviewer1-demo",
-            "csrfmiddlewaretoken": reviewer.cookies["csrftoken"],
-        },
-        headers={"Referer": f"{web.url}/login/"},
-    )
+    reviewer = logged_in_reviewer(web)
     cookie = f"sessionid={reviewer.cookies['sessionid']}"
 
     async def idle_then_receive() -> dict[str, Any]:
