@@ -1,0 +1,45 @@
+"""Deployment settings come from the environment; a bad value stops the process at start,
+naming the variable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def start_with(**env: str) -> subprocess.CompletedProcess[str]:
+    clean = {
+        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DEBUG", "SECRET_KEY")
+    }
+    return subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=ROOT, env={**clean, **env}, capture_output=True, text=True
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"WORKER_CONCURRENCY": "lots"}, "WORKER_CONCURRENCY must be an integer, got 'lots'"),
+        ({"WORKER_CONCURRENCY": "0"}, "WORKER_CONCURRENCY must be at least 1, got 0"),
+        ({"DEBUG": "maybe"}, "DEBUG must be a boolean"),
+        ({"DEBUG": "false"}, "SECRET_KEY must be set when DEBUG is off"),
+        ({"REDIS_URL": "localhost:6379"}, "REDIS_URL must be a redis:// URL"),
+        ({"DATABASE_URL": "nosuchdb://x"}, "DATABASE_URL is not a valid database URL"),
+        ({"GRUNDLAG_MODELS": "{not json"}, "GRUNDLAG_MODELS must be JSON"),
+    ],
+)
+def test_a_bad_setting_stops_the_process_naming_the_variable(env: dict[str, str], message: str) -> None:
+    result = start_with(**env)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and message in result.stderr
+
+
+def test_the_defaults_run_on_one_machine() -> None:
+    result = start_with()
+    assert result.returncode == 0, result.stderr
