@@ -9,7 +9,7 @@ from django.db import transaction
 
 from actions import runner
 from actions.agent import start_agent
-from actions.models import ApiToken, Run, Team
+from actions.models import ApiToken, Policy, Run, Team
 
 DEMO_RUNS = [
     ("send_invoice", {"invoice_id": "INV-2041", "amount": 420.0}),
@@ -78,6 +78,10 @@ class Command(BaseCommand):
                 people[username] = user
             team.members.add(people["reviewer1"], people["reviewer2"])
             other.members.add(people["payroll1"])
+            # A policy to show in the inbox: announcements not decided within 8 hours expire.
+            Policy.objects.get_or_create(
+                team=team, action="publish_announcement", defaults={"deadline_minutes": 480}
+            )
             ApiToken.objects.filter(team=team, name="demo", revoked_at=None).update(
                 revoked_at=team.created_at
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -36,6 +37,9 @@ def test_reviewers_see_a_new_approval_live_and_one_decision_clears_it_everywhere
     # The demo runs `make run` seeds (five actions and an agent) are paused and waiting.
     expect(reviewer1.locator("#inbox tbody tr")).to_have_count(6)
     expect(reviewer2).to_have_title("(6) Inbox · Grundlag approvals")
+    # The demo's deadline policy (timeuntil separates with no-break spaces).
+    expect(reviewer1.locator("#inbox")).to_contain_text(re.compile(r"expires in 7\shours"))
+    reviewer1.screenshot(path=str(screenshot_dir(tmp_path) / "inbox.png"))
 
     with server.client(token) as api:
         run = api.post(
@@ -50,7 +54,6 @@ def test_reviewers_see_a_new_approval_live_and_one_decision_clears_it_everywhere
     expect(reviewer1.locator(row)).to_be_visible()
     expect(reviewer2.locator(row)).to_be_visible()
     expect(reviewer2).to_have_title("(7) Inbox · Grundlag approvals")
-    reviewer1.screenshot(path=str(screenshot_dir(tmp_path) / "inbox.png"))
     # ...and reviewer2 also has it open, about to decide.
     reviewer2_detail = reviewer2.context.new_page()
     reviewer2_detail.goto(f"/interrupts/{interrupt_id}/")
