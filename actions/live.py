@@ -89,14 +89,8 @@ def _group_send(group: str, message: dict[str, Any]) -> None:
         else:
             asyncio.run_coroutine_threadsafe(layer.group_send(group, message), loop)
         return
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        future = asyncio.run_coroutine_threadsafe(layer.group_send(group, message), _background_loop())
-        future.add_done_callback(_report_failure)
-        return
-    # Called from inside an event loop that is not the home loop: hand it to ours all the same.
-    asyncio.run_coroutine_threadsafe(layer.group_send(group, message), _background_loop())
+    future = asyncio.run_coroutine_threadsafe(layer.group_send(group, message), _background_loop())
+    future.add_done_callback(_report_failure)
 
 
 def _report_failure(future: Any) -> None:
