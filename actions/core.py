@@ -188,6 +188,10 @@ class Registry:
         except KeyError:
             raise UnknownAction(name) from None
 
+    def find(self, name: str) -> Action | None:
+        """The action, or None where an unknown name is not an error (an agent run's name)."""
+        return self._actions.get(name)
+
     def all(self) -> list[Action]:
         return sorted(self._actions.values(), key=lambda act: act.name)
 

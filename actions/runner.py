@@ -23,7 +23,6 @@ from pydantic import ValidationError
 
 from actions import live
 from actions.core import (
-    Action,
     ActionResumption,
     ApprovalPolicy,
     Completed,
@@ -211,7 +210,8 @@ def effective_policy(team_id: int, action_name: str) -> ApprovalPolicy:
         Policy.objects.filter(team_id=team_id, action=action_name).select_related("escalate_to").first()
     )
     if override is None:
-        return registry.get(action_name).policy if action_name in registry else ApprovalPolicy()
+        act = registry.find(action_name)
+        return act.policy if act is not None else ApprovalPolicy()
 
     def minutes(value: int | None) -> timedelta | None:
         return timedelta(minutes=value) if value else None
@@ -267,14 +267,10 @@ def why_not(by: Actor, interrupt: Interrupt) -> str:
 # Deciding
 
 
-def _answer_model_action(interrupt: Interrupt) -> Action | None:
-    return registry.get(interrupt.action) if interrupt.action in registry else None
-
-
 def validate_answer(interrupt: Interrupt, data: Any) -> Any:
     """The answer as it will be stored, or InvalidAnswer with field errors."""
     check_size("the answer", data)
-    act = _answer_model_action(interrupt)
+    act = registry.find(interrupt.action)
     if act is None:
         return data
     try:

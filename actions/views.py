@@ -18,7 +18,7 @@ from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
 from actions import runner
-from actions.core import Action, UnknownAction, registry
+from actions.core import UnknownAction, registry
 from actions.forms import ApprovalForm, RejectForm, SchemaForm, form_for_schema
 from actions.models import Interrupt, Run, RunEvent, Team
 
@@ -70,10 +70,6 @@ def _can_decide(user: User, interrupt: Interrupt) -> bool:
     return runner.may_decide(user, interrupt) and not interrupt.approvals.filter(user=user).exists()
 
 
-def _action_or_none(name: str) -> Action | None:
-    return registry.get(name) if name in registry else None
-
-
 # Inbox
 
 
@@ -110,7 +106,7 @@ def inbox(request: AuthenticatedRequest) -> HttpResponse:
 
 
 def _answer_form(interrupt: Interrupt, data: Any = None) -> SchemaForm | ApprovalForm:
-    act = _action_or_none(interrupt.action)
+    act = registry.find(interrupt.action)
     if act is not None and act.answer_model is not None:
         return form_for_schema(act.answer_schema() or {})(data, prefix="answer")
     return ApprovalForm(data, prefix="answer")
