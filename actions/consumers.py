@@ -16,7 +16,7 @@ from django.conf import settings
 from django.contrib.auth import SESSION_KEY, get_user_model
 
 from actions import live
-from actions.models import Interrupt, Run, Team
+from actions.models import Run, Team
 
 # A client has nothing to say beyond "ping"; anything bigger than this is not ours.
 MAX_FRAME_BYTES = 4096
@@ -114,12 +114,7 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
 
     @database_sync_to_async
     def may_see_run(self, run_id: int) -> bool:
-        user = self.scope["user"]
-        if user.is_staff:
-            return Run.objects.filter(pk=run_id).exists()
-        teams = Team.objects.filter(members=user)
-        escalated = Interrupt.objects.filter(run_id=run_id, escalate_to__in=teams, escalated_at__isnull=False)
-        return Run.objects.filter(pk=run_id, team__in=teams).exists() or escalated.exists()
+        return Run.visible_to(self.scope["user"]).filter(pk=run_id).exists()
 
     @database_sync_to_async
     def still_allowed(self) -> bool:

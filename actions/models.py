@@ -154,6 +154,16 @@ class Run(models.Model):
     def get_absolute_url(self) -> str:
         return reverse("run", args=[self.pk])
 
+    @classmethod
+    def visible_to(cls, user: Any) -> models.QuerySet[Run]:
+        """The runs a user may see: all for staff; otherwise their teams' runs, and runs with an
+        interrupt escalated to one of their teams."""
+        if user.is_staff:
+            return cls.objects.all()
+        teams = Team.objects.filter(members=user)
+        escalated = Interrupt.objects.filter(escalate_to__in=teams, escalated_at__isnull=False)
+        return cls.objects.filter(models.Q(team__in=teams) | models.Q(pk__in=escalated.values("run_id")))
+
     @property
     def is_settled(self) -> bool:
         return self.status in self.SETTLED

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Q
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
@@ -41,14 +41,6 @@ def _htmx(request: AuthenticatedRequest) -> bool:
 # Permission-scoped lookups: another team's objects are 404, never 403, so ids leak nothing.
 
 
-def _visible_runs(user: User) -> QuerySet[Run]:
-    if user.is_staff:
-        return Run.objects.all()
-    teams = Team.objects.filter(members=user)
-    escalated = Interrupt.objects.filter(escalate_to__in=teams, escalated_at__isnull=False).values("run_id")
-    return Run.objects.filter(Q(team__in=teams) | Q(pk__in=escalated))
-
-
 def _get_interrupt_for_user(user: User, pk: int) -> Interrupt:
     interrupts = Interrupt.objects.select_related("run", "team", "escalate_to")
     if not user.is_staff:
@@ -60,7 +52,7 @@ def _get_interrupt_for_user(user: User, pk: int) -> Interrupt:
 
 
 def _get_run_for_user(user: User, pk: int) -> Run:
-    run = _visible_runs(user).select_related("team").filter(pk=pk).first()
+    run = Run.visible_to(user).select_related("team").filter(pk=pk).first()
     if run is None:
         raise Http404("No such run")
     return run
@@ -304,7 +296,7 @@ def start_action(request: AuthenticatedRequest, name: str) -> HttpResponse:
 @login_required
 def runs(request: AuthenticatedRequest) -> HttpResponse:
     """Recent runs of the user's teams."""
-    visible = _visible_runs(request.user).select_related("team")
+    visible = Run.visible_to(request.user).select_related("team")
     status = request.GET.get("status", "")
     if status:
         visible = visible.filter(status=status)
