@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, TypedDict
 
-from bench.common import PRODUCTION_ENV
+from bench.common import migrated_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,15 +87,7 @@ def langgraph_cycles(path: Path, seconds: float) -> dict[str, Any]:
 
 
 def measure_in_child(database_url: str, seconds: float) -> dict[str, Any]:
-    env = {
-        **os.environ,
-        **PRODUCTION_ENV,
-        "DATABASE_URL": database_url,
-        "GRUNDLAG_ACTION_MODULES": "actions.examples,bench.actions",
-    }
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True
-    )
+    env = migrated_env(database_url, GRUNDLAG_ACTION_MODULES="actions.examples,bench.actions")
     out = subprocess.run(
         [sys.executable, "-m", "bench.engine_throughput", "--child", "--seconds", str(seconds)],
         cwd=ROOT, env=env, check=True, capture_output=True, text=True,

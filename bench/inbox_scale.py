@@ -8,7 +8,6 @@ most 1.3; it must not grow with history).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.common import PRODUCTION_ENV
+from bench.common import migrated_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,15 +114,7 @@ def main() -> None:
         child(args.requests)
         return
     with tempfile.TemporaryDirectory(prefix="grundlag-bench-") as tmp:
-        env = {
-            **os.environ,
-            **PRODUCTION_ENV,
-            "DATABASE_URL": f"sqlite:///{tmp}/scale.sqlite3",
-            "DJANGO_SETTINGS_MODULE": "grundlag_site.settings",
-        }
-        subprocess.run(
-            [sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True
-        )
+        env = migrated_env(f"sqlite:///{tmp}/scale.sqlite3")
         subprocess.run(
             [sys.executable, "-m", "bench.inbox_scale", "--child", "--requests", str(args.requests)],
             cwd=ROOT,
