@@ -286,9 +286,7 @@ def requested_wait(request: HttpRequest) -> float:
     return float(min(int(match.group(1)), settings.GRUNDLAG_MAX_WAIT_SECONDS))
 
 
-async def settled_response(
-    request: HttpRequest, run_id: int, render: Any = run_out
-) -> Status[dict[str, Any]]:
+async def settled_response(request: HttpRequest, run_id: int) -> Status[dict[str, Any]]:
     """Wait (asynchronously: no thread is held) for the run to settle, then describe it.
 
     Callers wait on the database row, the truth, not on a task result or a push."""
@@ -303,7 +301,7 @@ async def settled_response(
 
     def describe() -> Status[dict[str, Any]]:
         run = Run.objects.get(pk=run_id)
-        return Status(200 if run.is_settled else 202, render(request, run))
+        return Status(200 if run.is_settled else 202, run_out(request, run))
 
     return await sync_to_async(describe)()
 
