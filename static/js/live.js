@@ -1,6 +1,8 @@
 // Pushes from the server are hints. Every frame (and every (re)connect, which the server
 // greets with "hello") fires `grundlag:changed` on <body>; the page's fragments refetch
-// themselves with hx-trigger="grundlag:changed[...] from:body".
+// themselves with hx-trigger="grundlag:changed[...] from:body". They carry
+// hx-sync="this:replace": pushes come in bursts (decided, running, completed), and a refetch
+// queued behind one in flight would be lost when that one swaps its element out.
 (function () {
   "use strict";
   function setLive(state, text) {
