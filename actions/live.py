@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any
 
-from channels.layers import get_channel_layer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +79,10 @@ def _group_send(group: str, message: dict[str, Any]) -> None:
     if layer is None:
         return
     loop = _home_loop
+    if loop is None and isinstance(layer, InMemoryChannelLayer):
+        # The in-memory layer reaches only this process's sockets, and the first to connect
+        # binds the loop: none has, so no one can hear this (a shell, a command, a benchmark).
+        return
     if loop is not None and loop.is_running() and not loop.is_closed():
         try:
             current = asyncio.get_running_loop()

@@ -3,7 +3,8 @@
 Views, the API, consumers, tasks and management commands call these functions; none of them
 changes a status itself. Each change is one conditional UPDATE (or a row lock followed by one),
 so concurrent callers get exactly one winner, and slow work (running a step, pushing to
-browsers) happens after commit.
+browsers) happens after commit. The statements every run goes through are written in SQL
+(see actions.store for why); the rarer ones use the ORM.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import F, Max
+from django.db import connection, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
-from actions import live
+from actions import live, store
 from actions.core import (
     ActionResumption,
     ApprovalPolicy,
@@ -129,7 +129,7 @@ def _log(
     **detail: Any,
 ) -> None:
     run_id = run if isinstance(run, int) else run.pk
-    RunEvent.objects.create(
+    event = RunEvent(
         run_id=run_id,
         interrupt=interrupt,
         kind=kind,
@@ -137,6 +137,7 @@ def _log(
         actor_name=actor_name(by),
         detail=detail,
     )
+    store.insert(event)
 
 
 def _enqueue(run_id: int) -> None:
@@ -184,7 +185,7 @@ def start_run(
             errors = field_errors(exc)
             raise InvalidInput("the input does not fit the action's input schema", errors) from None
     with transaction.atomic():
-        run = Run.objects.create(
+        run = Run(
             action=action_name,
             input=input,
             team=team,
@@ -193,6 +194,7 @@ def start_run(
             started_by_name=actor_name(by),
             driver_state=driver_state or {},
         )
+        store.insert(run)
         _log(run, RunEvent.Kind.STARTED, by, consumer=consumer)
         # Pushes are registered before the enqueue, so browsers hear of this change before
         # any change the step makes (on_commit callbacks run in order).
@@ -206,16 +208,17 @@ def start_run(
 
 def effective_policy(team_id: int, action_name: str) -> ApprovalPolicy:
     """The action's declared policy, unless the team overrides it (admin: Policies)."""
-    override = (
-        Policy.objects.filter(team_id=team_id, action=action_name).select_related("escalate_to").first()
+    overrides = store.fetch(
+        Policy, "SELECT * FROM actions_policy WHERE team_id = %s AND action = %s", [team_id, action_name]
     )
-    if override is None:
+    if not overrides:
         act = registry.find(action_name)
         return act.policy if act is not None else ApprovalPolicy()
 
     def minutes(value: int | None) -> timedelta | None:
         return timedelta(minutes=value) if value else None
 
+    override = overrides[0]
     return ApprovalPolicy(
         deadline=minutes(override.deadline_minutes),
         default_answer=override.default_answer,
@@ -295,8 +298,8 @@ def _decide(
         # Lock the run first: two reviewers deciding two interrupts of one agent turn (or two
         # of N required approvers) must see each other's decision, or neither would resume the
         # run (PostgreSQL; SQLite's IMMEDIATE transactions already serialise writers).
-        run = Run.objects.select_for_update().get(pk=interrupt.run_id)
-        current = Interrupt.objects.select_related("team").get(pk=interrupt.pk)
+        run = _lock_run(interrupt.run_id)
+        (current,) = store.fetch(Interrupt, "SELECT * FROM actions_interrupt WHERE id = %s", [interrupt.pk])
         if current.status != Interrupt.Status.PENDING:
             raise AlreadyDecided(current)
         if not policy and not may_decide(by, current):
@@ -306,15 +309,31 @@ def _decide(
             return current
         # The conditional UPDATE is the decision: of two reviewers clicking at once, exactly one
         # changes a pending row; the other changes nothing and is told who won.
+        user = actor_user(by)
         decision = {
             "status": status,
             "answer": answer,
             "reason": reason,
-            "decided_by": actor_user(by),
+            "decided_by": user,
             "decided_by_name": policy or actor_name(by),
             "decided_at": now,
         }
-        won = Interrupt.objects.filter(pk=current.pk, status=Interrupt.Status.PENDING).update(**decision)
+        won = store.execute(
+            """UPDATE actions_interrupt
+               SET status = %s, answer = %s, reason = %s, decided_by_id = %s, decided_by_name = %s,
+                   decided_at = %s
+               WHERE id = %s AND status = %s""",
+            [
+                status,
+                store.as_json(answer),
+                reason,
+                user.pk if user is not None else None,
+                decision["decided_by_name"],
+                store.when(now),
+                current.pk,
+                Interrupt.Status.PENDING,
+            ],
+        )
         if not won:
             raise AlreadyDecided(Interrupt.objects.get(pk=current.pk))
         for name, value in decision.items():
@@ -342,6 +361,16 @@ def _decide(
             )
         then(run, interrupt)
     return interrupt
+
+
+def _lock_run(run_id: int) -> Run:
+    """The run, locked until the transaction ends (PostgreSQL; on SQLite the IMMEDIATE
+    transaction already holds the database's write lock)."""
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    (run,) = store.fetch(
+        Run, f"SELECT id, team_id, consumer, status FROM actions_run WHERE id = %s{lock}", [run_id]
+    )
+    return run
 
 
 def _count_approval(run: Run, interrupt: Interrupt, by: Actor, answer: Any) -> bool:
@@ -373,10 +402,18 @@ def _count_approval(run: Run, interrupt: Interrupt, by: Actor, answer: Any) -> b
 
 def _queue_if_nothing_pending(run: Run, interrupt: Interrupt) -> None:
     # An agent turn may pause on several tool calls; the run goes on when the last is decided.
-    if run.interrupts.filter(status=Interrupt.Status.PENDING).exists():
-        return
-    queued = Run.objects.filter(pk=run.pk, status=Status.INTERRUPTED).update(
-        status=Status.QUEUED, updated_at=timezone.now()
+    queued = store.execute(
+        """UPDATE actions_run SET status = %s, updated_at = %s
+           WHERE id = %s AND status = %s
+             AND NOT EXISTS (SELECT 1 FROM actions_interrupt WHERE run_id = %s AND status = %s)""",
+        [
+            Status.QUEUED,
+            store.when(timezone.now()),
+            run.pk,
+            Status.INTERRUPTED,
+            run.pk,
+            Interrupt.Status.PENDING,
+        ],
     )
     if queued:
         _log(run, RunEvent.Kind.RESUMED, None, interrupt, seq=interrupt.seq)
@@ -470,7 +507,12 @@ DRIVERS: dict[str, Driver] = {}
 
 def last_resumption(run: Run) -> ActionResumption | None:
     """The answer and checkpoint of the run's latest interrupt, if it was approved."""
-    last = run.interrupts.order_by("-seq").first()
+    latest = store.fetch(
+        Interrupt,
+        "SELECT id, status, answer, state FROM actions_interrupt WHERE run_id = %s ORDER BY seq DESC LIMIT 1",
+        [run.pk],
+    )
+    last = latest[0] if latest else None
     if last is None or last.status != Interrupt.Status.APPROVED:
         return None
     return ActionResumption(data=last.answer, state=last.state)
@@ -494,15 +536,17 @@ def execute_step(run_id: int) -> None:
     with transaction.atomic():
         # The claim: of two deliveries of the same message (at-least-once), or two workers,
         # exactly one moves the run from queued to running; the other returns, running nothing.
-        claimed = Run.objects.filter(pk=run_id, status=Status.QUEUED).update(
-            status=Status.RUNNING,
-            attempt=F("attempt") + 1,
-            lease_expires_at=now + lease,
-            updated_at=now,
+        claimed = store.fetch(
+            Run,
+            """UPDATE actions_run
+               SET status = %s, attempt = attempt + 1, lease_expires_at = %s, updated_at = %s
+               WHERE id = %s AND status = %s
+               RETURNING id, action, input, team_id, consumer, status, attempt, driver_state""",
+            [Status.RUNNING, store.when(now + lease), store.when(now), run_id, Status.QUEUED],
         )
         if not claimed:
             return
-        run = Run.objects.get(pk=run_id)
+        (run,) = claimed
         _log(run, RunEvent.Kind.CLAIMED, None, attempt=run.attempt)
         _push_status_after_commit(run, run.status)
 
@@ -523,25 +567,33 @@ def record(run: Run, result: StepResult) -> None:
     with transaction.atomic():
         # Only the holder of the current lease may record: if the sweeper re-queued this run
         # (we were presumed dead) and another worker claimed it, our late result is dropped.
-        changes: dict[str, Any] = {
-            "status": result.status,
-            "updated_at": now,
-            "lease_expires_at": None,
-            "driver_state": run.driver_state,
-        }
-        if result.status == Status.COMPLETED:
-            changes.update(output=result.output, finished_at=now, error="")
-        elif result.status == Status.FAILED:
-            changes.update(error=result.error, finished_at=now)
-        recorded = Run.objects.filter(pk=run.pk, status=Status.RUNNING, attempt=run.attempt).update(**changes)
+        # A running step has no output, error or end yet, so each is set to what this step gave.
+        finished = result.status in Run.FINISHED
+        recorded = store.execute(
+            """UPDATE actions_run
+               SET status = %s, updated_at = %s, lease_expires_at = NULL, driver_state = %s,
+                   output = %s, error = %s, finished_at = %s
+               WHERE id = %s AND status = %s AND attempt = %s""",
+            [
+                result.status,
+                store.when(now),
+                store.as_json(run.driver_state),
+                store.as_json(result.output if result.status == Status.COMPLETED else None),
+                result.error if result.status == Status.FAILED else "",
+                store.when(now if finished else None),
+                run.pk,
+                Status.RUNNING,
+                run.attempt,
+            ],
+        )
         if not recorded:
             logger.warning("run %s attempt %s lost its lease; result dropped", run.pk, run.attempt)
             return
         if result.status == Status.INTERRUPTED:
-            last = run.interrupts.aggregate(last=Max("seq"))["last"] or 0
+            last = store.scalar("SELECT MAX(seq) FROM actions_interrupt WHERE run_id = %s", [run.pk]) or 0
             for offset, pause in enumerate(result.pauses, start=1):
                 action_name = pause.action or run.action
-                interrupt = Interrupt.objects.create(
+                interrupt = Interrupt(
                     run=run,
                     seq=last + offset,
                     team_id=run.team_id,
@@ -552,6 +604,7 @@ def record(run: Run, result: StepResult) -> None:
                     tool_call_id=pause.tool_call_id,
                     **_policy_fields(run.team_id, action_name, now),
                 )
+                store.insert(interrupt)
                 _log(run, RunEvent.Kind.INTERRUPTED, None, interrupt, seq=interrupt.seq)
                 _push_after_commit(
                     run.team_id, "interrupt", run_id=run.pk, interrupt_id=interrupt.pk, status="pending"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,11 @@ try:
 except ValueError as exc:
     raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
 if _database["ENGINE"] == "django.db.backends.sqlite3":
+    if sqlite3.sqlite_version_info < (3, 35):
+        # The engine's claims and inserts use RETURNING (actions/store.py).
+        raise ImproperlyConfigured(
+            f"SQLite 3.35 or later is required; this Python has {sqlite3.sqlite_version}"
+        )
     # Several threads (web requests and the embedded worker) write at once. WAL lets readers
     # proceed during a write; IMMEDIATE takes the write lock at BEGIN, so two writers queue on
     # the timeout instead of one failing with "database is locked" when it upgrades its lock.

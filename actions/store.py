@@ -1,0 +1,133 @@
+"""Rows in and out of the database for the engine's hot path, in SQL written once.
+
+A run that pauses once and is resumed once takes about twenty statements. Through the ORM
+each costs several times its execution in building the query, which made the engine slower
+than LangGraph at the same work (bench/engine_throughput.py). The runner writes those
+statements in SQL instead (conditional UPDATEs with RETURNING, PostgreSQL and SQLite 3.35+),
+and these helpers keep the ORM's meaning at either end: values are adapted by the model
+fields' own ``get_db_prep_save`` and read back through the same converters a queryset uses,
+into ordinary model instances (columns not selected are deferred, loaded on first access).
+Everything else in the project uses the ORM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from functools import cache
+from typing import Any, TypeVar
+
+from django.db import DEFAULT_DB_ALIAS, connections, models
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models.expressions import Col
+
+M = TypeVar("M", bound=models.Model)
+
+
+def when(value: datetime | None) -> Any:
+    """A datetime as the backend stores it (SQLite: naive UTC text)."""
+    return _db().ops.adapt_datetimefield_value(value)
+
+
+def as_json(value: Any) -> Any:
+    """A value for a JSON column, adapted the way ``JSONField`` saves it (None is SQL NULL)."""
+    return None if value is None else _db().ops.adapt_json_value(value, None)
+
+
+def execute(sql: str, params: Sequence[Any]) -> int:
+    """Run one statement; the number of rows it changed."""
+    with _db().cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.rowcount)
+
+
+def scalar(sql: str, params: Sequence[Any]) -> Any:
+    """The first column of the first row, or None."""
+    with _db().cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
+def fetch(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
+    """Instances of ``model`` from a SELECT or an ``UPDATE ... RETURNING`` naming its columns."""
+    connection = _db()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+        columns = tuple(column[0] for column in cursor.description)
+    if not rows:
+        return []
+    # from_db takes the values in the model's field order, whatever order the SQL named them in.
+    fields = _fields(model, columns)
+    attnames = [field.attname for _, field, _ in fields]
+    converters = [
+        (position, col, connection.ops.get_db_converters(col) + col.get_db_converters(connection))
+        for position, _, col in fields
+    ]
+    instances = []
+    for row in rows:
+        values = []
+        for position, col, convert in converters:
+            value = row[position]
+            for converter in convert:
+                value = converter(value, col, connection)
+            values.append(value)
+        instances.append(model.from_db(DEFAULT_DB_ALIAS, attnames, values))
+    return instances
+
+
+def insert(obj: M) -> M:
+    """Save a new instance with one INSERT ... RETURNING its primary key."""
+    meta, connection = obj._meta, _db()
+    fields = _insert_fields(type(obj))
+    values = [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(_insert_sql(type(obj), connection.vendor), values)
+        (pk,) = cursor.fetchone()
+    setattr(obj, meta.pk.attname, pk)
+    obj._state.adding = False
+    obj._state.db = DEFAULT_DB_ALIAS
+    return obj
+
+
+@cache
+def _fields(
+    model: type[models.Model], columns: tuple[str, ...]
+) -> list[tuple[int, models.Field[Any, Any], Col]]:
+    """For each of the model's fields that ``columns`` names, in the model's order: where it is
+    in the row, the field, and the column expression its converters expect."""
+    unknown = set(columns) - {field.column for field in model._meta.concrete_fields}
+    if unknown:
+        raise ValueError(f"{sorted(unknown)} are not columns of {model._meta.label}")
+    return [
+        (columns.index(field.column), field, field.get_col(model._meta.db_table))
+        for field in model._meta.concrete_fields
+        if field.column in columns
+    ]
+
+
+@cache
+def _insert_fields(model: type[models.Model]) -> list[models.Field[Any, Any]]:
+    return [field for field in model._meta.concrete_fields if not field.primary_key]
+
+
+@cache
+def _insert_sql(model: type[models.Model], vendor: str) -> str:
+    """Cached per backend (``vendor``): quoting differs."""
+    fields = _insert_fields(model)
+    columns = ", ".join(_quoted_column(field) for field in fields)
+    placeholders = ", ".join(["%s"] * len(fields))
+    table, pk = _db().ops.quote_name(model._meta.db_table), _quoted_column(model._meta.pk)
+    return f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) RETURNING {pk}"
+
+
+def _quoted_column(field: models.Field[Any, Any]) -> str:
+    assert field.column is not None, f"{field} is not a concrete field"
+    return _db().ops.quote_name(field.column)
+
+
+def _db() -> BaseDatabaseWrapper:
+    # The engine uses the default database. Looked up once per statement: every attribute of
+    # the ``connection`` proxy is a thread-local lookup, which cost more than the statement.
+    return connections[DEFAULT_DB_ALIAS]

@@ -1,0 +1,83 @@
+"""The engine's SQL helpers keep the ORM's meaning: what they write the ORM reads back the same,
+and what they read is what a queryset would give. tests/integration/test_postgresql.py runs
+this module on PostgreSQL too."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from actions import store
+from actions.models import Interrupt, Run, RunEvent, Team
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def run(team: Team) -> Run:
+    return Run.objects.create(action="send_invoice", input={"invoice_id": "INV-1"}, team=team)
+
+
+def test_what_insert_writes_the_orm_reads_back_unchanged(run: Run) -> None:
+    created = timezone.now() - timedelta(days=3)
+    interrupt = Interrupt(
+        run=run,
+        seq=1,
+        team=run.team,
+        action="send_invoice",
+        message="Approve «this»?",
+        data={"amount": 10.5, "lines": [{"sku": "a", "qty": 2}], "note": None},
+        state=["checkpoint", 1],
+        created_at=created,
+        assignees=["reviewer1"],
+    )
+    store.insert(interrupt)
+
+    assert interrupt.pk is not None and not interrupt._state.adding
+    read = Interrupt.objects.get(pk=interrupt.pk)
+    assert read.data == {"amount": 10.5, "lines": [{"sku": "a", "qty": 2}], "note": None}
+    assert read.state == ["checkpoint", 1]
+    assert read.message == "Approve «this»?"
+    assert read.created_at == created
+    assert read.assignees == ["reviewer1"]
+    # None in a JSON field is SQL NULL, as the ORM saves it, so isnull lookups still find it.
+    assert Interrupt.objects.filter(pk=interrupt.pk, answer__isnull=True).exists()
+
+
+def test_fetch_gives_each_column_to_its_field_whatever_order_the_sql_names_them(run: Run) -> None:
+    Run.objects.filter(pk=run.pk).update(attempt=3, driver_state={"messages": [1]})
+
+    (fetched,) = store.fetch(
+        Run, "SELECT driver_state, attempt, id, input, created_at FROM actions_run WHERE id = %s", [run.pk]
+    )
+
+    assert fetched.pk == run.pk
+    assert fetched.attempt == 3
+    assert fetched.driver_state == {"messages": [1]}
+    assert fetched.input == {"invoice_id": "INV-1"}
+    assert fetched.created_at == Run.objects.get(pk=run.pk).created_at
+    # Columns it did not select are deferred: read from the database when first used.
+    assert "action" in fetched.get_deferred_fields()
+    assert fetched.action == "send_invoice"
+
+
+def test_an_update_returning_rows_gives_instances_and_an_update_matching_none_gives_none(run: Run) -> None:
+    sql = "UPDATE actions_run SET status = %s WHERE id = %s AND status = %s RETURNING id, status"
+
+    assert [r.status for r in store.fetch(Run, sql, ["running", run.pk, "queued"])] == ["running"]
+    assert store.fetch(Run, sql, ["running", run.pk, "queued"]) == []
+
+
+def test_fetch_refuses_a_column_its_model_does_not_have(run: Run) -> None:
+    with pytest.raises(ValueError, match="'team_name'.*actions.Run"):
+        store.fetch(Run, "SELECT id, 'x' AS team_name FROM actions_run WHERE id = %s", [run.pk])
+
+
+def test_an_event_inserted_by_the_engine_is_still_append_only(run: Run) -> None:
+    event = store.insert(RunEvent(run=run, kind=RunEvent.Kind.STARTED, actor_name="system", detail={"a": 1}))
+
+    assert RunEvent.objects.get(pk=event.pk).detail == {"a": 1}
+    with pytest.raises(TypeError, match="append-only"):
+        event.save()
