@@ -139,16 +139,15 @@ if REDIS_URL and not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
     raise ImproperlyConfigured(f"REDIS_URL must be a redis:// URL, got {REDIS_URL!r}")
 
 if REDIS_URL:
+    # Pub/sub: a push is one PUBLISH, and each web process receives it once and hands it to its
+    # own sockets. (The list-based layer stores a copy per socket and each process pops them
+    # one round trip at a time, which put the 100th reviewer's frame 80 ms behind the first:
+    # bench/push_latency.py.) Pub/sub keeps nothing for a process that is not listening; that
+    # suits pushes, which are hints: pages refetch whenever their socket (re)connects.
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            # socket_timeout=None: redis-py 8 defaults to 5 s, which cuts channels-redis's own
-            # 5 s blocking pop short, failing every idle consumer with 1011 (channels_redis#422).
-            "CONFIG": {
-                "hosts": [{"address": REDIS_URL, "socket_timeout": None}],
-                "capacity": 1500,
-                "expiry": 30,
-            },
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
         }
     }
 else:
