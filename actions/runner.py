@@ -128,16 +128,20 @@ def _log(
     interrupt: Interrupt | None = None,
     **detail: Any,
 ) -> None:
-    run_id = run if isinstance(run, int) else run.pk
-    event = RunEvent(
-        run_id=run_id,
-        interrupt=interrupt,
-        kind=kind,
-        actor=actor_user(by),
-        actor_name=actor_name(by),
-        detail=detail,
+    user = actor_user(by)
+    store.execute(
+        """INSERT INTO actions_runevent (run_id, interrupt_id, kind, actor_id, actor_name, detail, at)
+           VALUES (%s, %s, %s, %s, %s, %s, %s)""",
+        [
+            run if isinstance(run, int) else run.pk,
+            interrupt.pk if interrupt is not None else None,
+            kind,
+            user.pk if user is not None else None,
+            actor_name(by),
+            store.as_json(detail),
+            store.when(timezone.now()),
+        ],
     )
-    store.insert(event)
 
 
 def _enqueue(run_id: int) -> None:
