@@ -123,7 +123,8 @@ class Run(models.Model):
 
     action = models.CharField(max_length=200)
     input = models.JSONField(default=dict)
-    team = models.ForeignKey(Team, models.PROTECT, related_name="runs")
+    # Indexed by run_team_created, which starts with it.
+    team = models.ForeignKey(Team, models.PROTECT, related_name="runs", db_index=False)
     consumer = models.CharField(max_length=20, choices=Consumer.choices, default=Consumer.API)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED)
     output = models.JSONField(null=True, blank=True)
@@ -183,9 +184,11 @@ class Interrupt(models.Model):
         EXPIRED = "expired"
         CANCELLED = "cancelled"
 
-    run = models.ForeignKey(Run, models.CASCADE, related_name="interrupts")
+    # Both indexed by a composite that starts with them: (run, seq) and interrupt_inbox. Every
+    # index here is rewritten when an interrupt is created or decided, so none should be redundant.
+    run = models.ForeignKey(Run, models.CASCADE, related_name="interrupts", db_index=False)
     seq = models.PositiveIntegerField()
-    team = models.ForeignKey(Team, models.PROTECT, related_name="interrupts")
+    team = models.ForeignKey(Team, models.PROTECT, related_name="interrupts", db_index=False)
     action = models.CharField(max_length=200)
     message = models.TextField()
     data = models.JSONField(null=True, blank=True)
@@ -214,7 +217,9 @@ class Interrupt(models.Model):
     assignees = models.JSONField(default=list, blank=True)
 
     class Meta:
-        ordering = ["run", "seq"]
+        # By the run's id, not the run: ordering by a foreign key orders by the related model's
+        # own ordering, which joins actions_run into every query of interrupts.
+        ordering = ["-run_id", "seq"]
         constraints = [
             models.UniqueConstraint(fields=["run", "seq"], name="interrupt_run_seq"),
         ]
@@ -223,8 +228,17 @@ class Interrupt(models.Model):
             models.Index(fields=["status", "-created_at"], name="interrupt_status_created"),
             # The history's keyset paging walks (created_at, id) backwards.
             models.Index(fields=["-created_at", "-id"], name="interrupt_created_id"),
-            models.Index(fields=["status", "expires_at"], name="interrupt_deadline"),
-            models.Index(fields=["status", "escalate_at"], name="interrupt_escalation"),
+            # What the policy sweep looks for; only pending interrupts with a deadline are in them.
+            models.Index(
+                fields=["expires_at"],
+                name="interrupt_deadline",
+                condition=models.Q(status="pending", expires_at__isnull=False),
+            ),
+            models.Index(
+                fields=["escalate_at"],
+                name="interrupt_escalation",
+                condition=models.Q(status="pending", escalate_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
