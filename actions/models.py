@@ -228,7 +228,8 @@ class Interrupt(models.Model):
             models.Index(fields=["status", "-created_at"], name="interrupt_status_created"),
             # The history's keyset paging walks (created_at, id) backwards.
             models.Index(fields=["-created_at", "-id"], name="interrupt_created_id"),
-            # What the policy sweep looks for; only pending interrupts with a deadline are in them.
+            # What the policy sweep looks for: only pending interrupts with a deadline (or an
+            # escalation time) are in them.
             models.Index(
                 fields=["expires_at"],
                 name="interrupt_deadline",
