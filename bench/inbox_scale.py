@@ -8,6 +8,7 @@ most 1.3; it must not grow with history).
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import subprocess
 import sys
@@ -56,6 +57,17 @@ def populate(team: Any, history: int, pending: int) -> None:
                 )  # fmt: skip
             )
         Interrupt.objects.bulk_create(rows)
+    settle()
+
+
+def settle() -> None:
+    """Measure a server's steady state, not the aftermath of loading rows in this process: fold
+    the write-ahead log into the database and collect the loader's garbage first."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    gc.collect()
 
 
 def server_ms(client: Any, url: str, requests: int) -> float:
