@@ -144,8 +144,17 @@ def _log(
     )
 
 
+def _inline() -> bool:
+    """Whether steps run in the process that queues them (GRUNDLAG_INLINE_STEPS), not in workers."""
+    return bool(settings.GRUNDLAG_INLINE_STEPS)
+
+
 def _enqueue(run_id: int) -> None:
-    """Hand the run's next step to a worker once the transaction that queued it commits."""
+    """Once the transaction that queued the run commits, hand its next step to a worker (or,
+    with inline steps, run it here; it is claimed like a worker would)."""
+    if _inline():
+        transaction.on_commit(lambda: execute_step(run_id))
+        return
 
     def send() -> None:
         from actions.tasks import run_step
@@ -157,6 +166,31 @@ def _enqueue(run_id: int) -> None:
             logger.exception("could not enqueue run %s; the sweeper will retry", run_id)
 
     transaction.on_commit(send)
+
+
+def _hand_over(run: Run) -> None:
+    """The run's next step runs once this transaction commits: in a worker, which claims the
+    queued run; or, with inline steps, here, the run claimed already by this transaction (so
+    the claim costs no transaction of its own, and means the same: one holder, one lease)."""
+    if run.status != Status.RUNNING:
+        _enqueue(run.pk)
+        return
+    _log(run, RunEvent.Kind.CLAIMED, None, attempt=run.attempt)
+    _push_status_after_commit(run, run.status)
+
+    def step() -> None:
+        try:
+            _execute_claimed(run)
+        except Exception:
+            # Our caller's change is committed and the run holds a lease: when it runs out, the
+            # sweeper hands the step on. The caller is not told of a failure it did not cause.
+            logger.exception("step of run %s failed to record; the sweeper will retry it", run.pk)
+
+    transaction.on_commit(step)
+
+
+def _lease(now: Any) -> Any:
+    return now + timedelta(seconds=settings.GRUNDLAG_STEP_LEASE_SECONDS)
 
 
 def _push_after_commit(team_id: int, event: str, **payload: Any) -> None:
@@ -198,12 +232,16 @@ def start_run(
             started_by_name=actor_name(by),
             driver_state=driver_state or {},
         )
+        if _inline():
+            run.status, run.attempt, run.lease_expires_at = Status.RUNNING, 1, _lease(run.created_at)
         store.insert(run)
         _log(run, RunEvent.Kind.STARTED, by, consumer=consumer)
-        # Pushes are registered before the enqueue, so browsers hear of this change before
-        # any change the step makes (on_commit callbacks run in order).
-        _push_status_after_commit(run, run.status)
-        _enqueue(run.pk)
+        # Pushes are registered before the step is handed over, so browsers hear of this change
+        # before any change the step makes (on_commit callbacks run in order). A run claimed
+        # here is announced by the claim.
+        if run.status == Status.QUEUED:
+            _push_status_after_commit(run, run.status)
+        _hand_over(run)
     return run
 
 
@@ -406,13 +444,19 @@ def _count_approval(run: Run, interrupt: Interrupt, by: Actor, answer: Any) -> b
 
 def _queue_if_nothing_pending(run: Run, interrupt: Interrupt) -> None:
     # An agent turn may pause on several tool calls; the run goes on when the last is decided.
-    queued = store.execute(
-        """UPDATE actions_run SET status = %s, updated_at = %s
-           WHERE id = %s AND status = %s
-             AND NOT EXISTS (SELECT 1 FROM actions_interrupt WHERE run_id = %s AND status = %s)""",
+    now, inline = timezone.now(), _inline()
+    queued = store.fetch(
+        Run,
+        f"""UPDATE actions_run
+            SET status = %s, updated_at = %s, attempt = attempt + %s, lease_expires_at = %s
+            WHERE id = %s AND status = %s
+              AND NOT EXISTS (SELECT 1 FROM actions_interrupt WHERE run_id = %s AND status = %s)
+            RETURNING {CLAIMED_COLUMNS}""",
         [
-            Status.QUEUED,
-            store.when(timezone.now()),
+            Status.RUNNING if inline else Status.QUEUED,
+            store.when(now),
+            1 if inline else 0,
+            store.when(_lease(now) if inline else None),
             run.pk,
             Status.INTERRUPTED,
             run.pk,
@@ -421,7 +465,7 @@ def _queue_if_nothing_pending(run: Run, interrupt: Interrupt) -> None:
     )
     if queued:
         _log(run, RunEvent.Kind.RESUMED, None, interrupt, seq=interrupt.seq)
-        _enqueue(run.pk)
+        _hand_over(queued[0])
 
 
 def resume(interrupt: Interrupt, data: Any, by: Actor) -> Interrupt:
@@ -522,6 +566,16 @@ def last_resumption(run: Run) -> ActionResumption | None:
     return ActionResumption(data=last.answer, state=last.state)
 
 
+def pending_interrupts(run_id: int) -> list[Interrupt]:
+    """The run's pending interrupts, in order: what a program that drives runs itself (with
+    inline steps, the way LangGraph's invoke returns the interrupt) answers next."""
+    return store.fetch(
+        Interrupt,
+        "SELECT * FROM actions_interrupt WHERE run_id = %s AND status = %s ORDER BY seq",
+        [run_id, Interrupt.Status.PENDING],
+    )
+
+
 def step_action(action_name: str, input: Any, resumption: ActionResumption | None, run_id: int) -> StepResult:  # noqa: A002
     outcome = invoke(action_name, input, resumption, run_id=run_id)
     if isinstance(outcome, Completed):
@@ -533,27 +587,34 @@ def step_action(action_name: str, input: Any, resumption: ActionResumption | Non
     return StepResult(Status.FAILED, error=outcome.error)
 
 
+# What a step needs of its run: it reads nothing else of it.
+CLAIMED_COLUMNS = "id, action, input, team_id, consumer, status, attempt, driver_state"
+
+
 def execute_step(run_id: int) -> None:
     """Claim the run's queued step, run it, and record how it ended. Idempotent."""
     now = timezone.now()
-    lease = timedelta(seconds=settings.GRUNDLAG_STEP_LEASE_SECONDS)
     with transaction.atomic():
         # The claim: of two deliveries of the same message (at-least-once), or two workers,
         # exactly one moves the run from queued to running; the other returns, running nothing.
         claimed = store.fetch(
             Run,
-            """UPDATE actions_run
-               SET status = %s, attempt = attempt + 1, lease_expires_at = %s, updated_at = %s
-               WHERE id = %s AND status = %s
-               RETURNING id, action, input, team_id, consumer, status, attempt, driver_state""",
-            [Status.RUNNING, store.when(now + lease), store.when(now), run_id, Status.QUEUED],
+            f"""UPDATE actions_run
+                SET status = %s, attempt = attempt + 1, lease_expires_at = %s, updated_at = %s
+                WHERE id = %s AND status = %s
+                RETURNING {CLAIMED_COLUMNS}""",
+            [Status.RUNNING, store.when(_lease(now)), store.when(now), run_id, Status.QUEUED],
         )
         if not claimed:
             return
         (run,) = claimed
         _log(run, RunEvent.Kind.CLAIMED, None, attempt=run.attempt)
         _push_status_after_commit(run, run.status)
+    _execute_claimed(run)
 
+
+def _execute_claimed(run: Run) -> None:
+    """Run the step of a run this process holds the lease of, and record how it ended."""
     driver = DRIVERS.get(run.consumer)
     try:
         if driver is not None:
@@ -561,7 +622,7 @@ def execute_step(run_id: int) -> None:
         else:
             result = step_action(run.action, run.input, last_resumption(run), run.pk)
     except Exception as exc:
-        logger.exception("step of run %s crashed in the engine", run_id)
+        logger.exception("step of run %s crashed in the engine", run.pk)
         result = StepResult(Status.FAILED, error=f"internal error: {type(exc).__name__}: {exc}")
     record(run, result)
 

@@ -174,6 +174,10 @@ CELERY_BEAT_SCHEDULE = {
 GRUNDLAG_ACTION_MODULES = envlist("GRUNDLAG_ACTION_MODULES", "actions.examples")
 # A step that has not reported back after this many seconds is presumed lost and re-queued.
 GRUNDLAG_STEP_LEASE_SECONDS = envint("GRUNDLAG_STEP_LEASE_SECONDS", "600", minimum=1)
+# Run each step in the process that queued it, right after commit, instead of in a Celery
+# worker: for scripts, notebooks and tests that embed the engine, as LangGraph's invoke runs a
+# graph in its caller. A process crash mid-step is recovered by the sweeper, as for a worker.
+GRUNDLAG_INLINE_STEPS = envbool("GRUNDLAG_INLINE_STEPS", "false")
 GRUNDLAG_MAX_PAYLOAD_BYTES = envint("GRUNDLAG_MAX_PAYLOAD_BYTES", str(256 * 1024), minimum=1024)
 # A request carries at most one payload plus its envelope.
 DATA_UPLOAD_MAX_MEMORY_SIZE = GRUNDLAG_MAX_PAYLOAD_BYTES + 64 * 1024

@@ -3,18 +3,50 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connection
+from django.db import OperationalError, connection
 from django.utils import timezone
 
 from actions import runner
 from actions.models import Interrupt, Run, RunEvent, Team
+from grundlag_site.celery import app as celery_app
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True, params=["worker steps", "inline steps"])
+def steps(request: pytest.FixtureRequest, settings: Any) -> str:
+    """Every test here runs twice: steps handed to a (here, eager) Celery worker, which claims
+    them, and steps run inline, claimed by the transaction that queues them."""
+    settings.GRUNDLAG_INLINE_STEPS = request.param == "inline steps"
+    return str(request.param)
+
+
+@pytest.fixture
+def no_worker() -> Iterator[None]:
+    """Celery as deployed: a step sent to a worker now would wait in the broker for one."""
+    celery_app.conf.task_always_eager = False
+    yield
+    celery_app.conf.task_always_eager = True
+
+
+@pytest.fixture
+def commits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the transactions the database commits (each one appends to the list)."""
+    counted: list[int] = []
+    commit: Callable[[], None] = connection.commit
+
+    def counting() -> None:
+        counted.append(1)
+        commit()
+
+    monkeypatch.setattr(connection, "commit", counting)
+    return counted
 
 
 def start(team: Team, by: User, action: str = "send_invoice", **payload: Any) -> Run:
@@ -196,6 +228,59 @@ def test_a_claim_is_taken_once_so_a_duplicate_delivery_runs_nothing(team: Team, 
     runner.execute_step(run.pk)  # a redelivered message for the step that already ran
     run.refresh_from_db()
     assert run.interrupts.count() == 1 and kinds(run).count("claimed") == 1
+
+
+@pytest.mark.parametrize("steps", ["inline steps"], indirect=True)
+def test_inline_steps_run_in_the_callers_process_and_claim_as_they_queue(
+    team: Team, reviewer: User, no_worker: None, commits: list[int]
+) -> None:
+    run = runner.start_run("send_invoice", {"invoice_id": "INV-7", "amount": 3.0}, team, reviewer)
+    (interrupt,) = runner.pending_interrupts(run.pk)
+    assert (interrupt.seq, interrupt.data) == (1, {"invoice_id": "INV-7", "amount": 3.0})
+    runner.resume(interrupt, {"approved": True}, reviewer)
+
+    run.refresh_from_db()
+    assert run.status == "completed" and run.attempt == 2
+    assert runner.pending_interrupts(run.pk) == []
+    assert kinds(run) == ["started", "claimed", "interrupted", "approved", "resumed", "claimed", "completed"]
+    # Start and claim, the pause, the decision and claim, the end: the claims cost no
+    # transaction of their own (steps in workers take six).
+    assert len(commits) == 4
+
+
+@pytest.mark.parametrize("steps", ["inline steps"], indirect=True)
+def test_an_inline_step_that_dies_before_recording_is_handed_on_when_its_lease_runs_out(
+    team: Team, reviewer: User, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    record = runner.record
+
+    def disk_fails(run: Run, result: runner.StepResult) -> None:
+        raise OperationalError("disk I/O error")
+
+    monkeypatch.setattr(runner, "record", disk_fails)
+    run = runner.start_run("send_invoice", {"invoice_id": "INV-8", "amount": 3.0}, team, reviewer)
+    run.refresh_from_db()
+    # The caller's start is committed; the step holds its lease, as a worker that died would.
+    assert run.status == "running" and run.lease_expires_at is not None
+    assert "the sweeper will retry it" in caplog.text
+
+    monkeypatch.setattr(runner, "record", record)
+    assert runner.sweep() == 0  # the lease has not run out
+    Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert runner.sweep() == 1
+    run.refresh_from_db()
+    assert run.status == "interrupted" and run.attempt == 2
+    assert kinds(run) == ["started", "claimed", "requeued", "claimed", "interrupted"]
+
+
+def test_pending_interrupts_are_the_undecided_ones_in_order(team: Team, reviewer: User) -> None:
+    run = start(team, reviewer, "transfer_funds", amount=5000.0, to="DE12")
+    (first,) = runner.pending_interrupts(run.pk)
+    runner.resume(first, {"approved": True}, reviewer)
+    (second,) = runner.pending_interrupts(run.pk)
+    assert (first.seq, second.seq) == (1, 2) and second.status == "pending"
+    runner.reject(second, "no", reviewer)
+    assert runner.pending_interrupts(run.pk) == []
 
 
 def test_the_sweeper_requeues_a_step_whose_worker_died(team: Team, reviewer: User) -> None:
