@@ -2,8 +2,11 @@
 
 Grundlag on SQLite and on PostgreSQL, side by side with LangGraph (a graph whose node calls
 ``interrupt()``, resumed with ``Command(resume=...)``, checkpointed by langgraph-checkpoint-sqlite)
-doing the same work in the same run, on the same disk. Steps run inline (the Celery task body,
-without a broker), so this measures the engine and its persistence, as LangGraph's invoke does.
+doing the same work in the same run, on the same disk. Steps run inline (GRUNDLAG_INLINE_STEPS:
+in the caller's process, right after commit, as LangGraph's invoke runs its graph), so this
+measures the engine and its persistence. For comparison it also measures steps handed to Celery
+in eager mode: the task body runs in this process too, but the worker's claim is a transaction
+of its own, and Celery's task machinery runs around each step.
 
     python -m bench.engine_throughput [--seconds 15] [--rounds 3]
 """
@@ -28,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def grundlag_cycles(seconds: float) -> dict[str, Any]:
-    """Runs in a child process whose DATABASE_URL names the database under test."""
+    """Runs in a child process whose environment names the database and how steps run."""
     import django
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "grundlag_site.settings")
@@ -37,13 +40,13 @@ def grundlag_cycles(seconds: float) -> dict[str, Any]:
     from actions.models import Run, Team
     from grundlag_site.celery import app
 
-    app.conf.task_always_eager = True
+    app.conf.task_always_eager = True  # without inline steps, Celery runs each step here
     team, _ = Team.objects.get_or_create(slug="bench", defaults={"name": "Bench"})
     cycles = 0
     started = time.perf_counter()
     while time.perf_counter() - started < seconds:
         run = runner.start_run("bench_pause", {"n": cycles}, team, None)
-        interrupt = run.interrupts.get()
+        (interrupt,) = runner.pending_interrupts(run.pk)
         runner.resume(interrupt, {"ok": True}, None)
         cycles += 1
     elapsed = time.perf_counter() - started
@@ -87,8 +90,12 @@ def langgraph_cycles(path: Path, seconds: float) -> dict[str, Any]:
     return {"cycles": cycles, "seconds": time.perf_counter() - started}
 
 
-def measure_in_child(database_url: str, seconds: float) -> dict[str, Any]:
-    env = migrated_env(database_url, GRUNDLAG_ACTION_MODULES="actions.examples,bench.actions")
+def measure_in_child(database_url: str, seconds: float, *, inline: bool = True) -> dict[str, Any]:
+    env = migrated_env(
+        database_url,
+        GRUNDLAG_ACTION_MODULES="actions.examples,bench.actions",
+        GRUNDLAG_INLINE_STEPS="true" if inline else "false",
+    )
     out = subprocess.run(
         [sys.executable, "-m", "bench.engine_throughput", "--child", "--seconds", str(seconds)],
         cwd=ROOT, env=env, check=True, capture_output=True, text=True,
@@ -115,7 +122,12 @@ def main() -> None:
     from tests.integration.services import Postgres
 
     per_round = args.seconds / args.rounds
-    rates: dict[str, list[float]] = {"grundlag sqlite": [], "langgraph sqlite": [], "grundlag postgresql": []}
+    rates: dict[str, list[float]] = {
+        "grundlag sqlite": [],
+        "langgraph sqlite": [],
+        "grundlag sqlite, celery": [],
+        "grundlag postgresql": [],
+    }
     with tempfile.TemporaryDirectory(prefix="grundlag-bench-") as tmp:
         # Interleaved rounds on fresh files: the machine's drift during the run (other tenants,
         # the disk) falls on both systems alike, and the medians are compared.
@@ -124,6 +136,10 @@ def main() -> None:
             rates["grundlag sqlite"].append(rate(measure_in_child(sqlite_url, per_round)))
             rates["langgraph sqlite"].append(
                 rate(langgraph_cycles(Path(tmp) / f"langgraph-{n}.sqlite3", per_round))
+            )
+            celery_url = f"sqlite:///{tmp}/engine-celery-{n}.sqlite3"
+            rates["grundlag sqlite, celery"].append(
+                rate(measure_in_child(celery_url, per_round, inline=False))
             )
         postgres = Postgres()
         postgres.init()
@@ -142,7 +158,7 @@ def main() -> None:
     )
     for name, values in rates.items():
         rounds = ", ".join(f"{value:.1f}" for value in values)
-        print(f"  {name:<22} {medians[name]:8.1f} cycles/s   (rounds: {rounds})")
+        print(f"  {name:<24} {medians[name]:8.1f} cycles/s   (rounds: {rounds})")
     ratio = medians["grundlag sqlite"] / medians["langgraph sqlite"]
     print(f"  grundlag sqlite / langgraph sqlite: {ratio:.2f}x (goal: at least 2x)")
 
