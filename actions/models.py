@@ -12,6 +12,14 @@ from django.urls import reverse
 from django.utils import timezone
 
 
+def where_set(field: str, name: str) -> models.Index:
+    """An index of the rows whose nullable ``field`` is set. Engine writes leave most of these
+    foreign keys empty (an event by the engine has no actor), and an index of NULLs is a page
+    written by every insert for no query: the ones these serve (a deleted user's rows, an
+    escalation's interrupts) name a value."""
+    return models.Index(fields=[field], name=name, condition=models.Q(**{f"{field}__isnull": False}))
+
+
 class Team(models.Model):
     """A shared inbox. Its members are the reviewers of its interrupts."""
 
@@ -130,7 +138,7 @@ class Run(models.Model):
     output = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     started_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+"
+        settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
     )
     started_by_name = models.CharField(max_length=150, blank=True)
     # Driver-specific, server-side state: an agent's conversation, a script's source and call log.
@@ -145,8 +153,15 @@ class Run(models.Model):
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [
-            models.Index(fields=["status", "updated_at"], name="run_status_updated"),
             models.Index(fields=["team", "-created_at"], name="run_team_created"),
+            # What the sweeper looks for, and prune_runs. Only runs in that state are in each,
+            # so a run's step changes one small index, not a page of every status.
+            models.Index(fields=["updated_at"], name="run_queued", condition=models.Q(status="queued")),
+            models.Index(
+                fields=["lease_expires_at"], name="run_running", condition=models.Q(status="running")
+            ),
+            where_set("finished_at", "run_finished"),
+            where_set("started_by", "run_started_by"),
         ]
 
     def __str__(self) -> str:
@@ -200,7 +215,7 @@ class Interrupt(models.Model):
     answer = models.JSONField(null=True, blank=True)
     reason = models.TextField(blank=True)
     decided_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+"
+        settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
     )
     decided_by_name = models.CharField(max_length=150, blank=True)
     decided_at = models.DateTimeField(null=True, blank=True)
@@ -210,7 +225,7 @@ class Interrupt(models.Model):
     default_answer = models.JSONField(null=True, blank=True)
     escalate_at = models.DateTimeField(null=True, blank=True)
     escalate_to = models.ForeignKey(
-        Team, models.SET_NULL, null=True, blank=True, related_name="escalated_interrupts"
+        Team, models.SET_NULL, null=True, blank=True, related_name="escalated_interrupts", db_index=False
     )
     escalated_at = models.DateTimeField(null=True, blank=True)
     approvals_required = models.PositiveSmallIntegerField(default=1)
@@ -240,6 +255,8 @@ class Interrupt(models.Model):
                 name="interrupt_escalation",
                 condition=models.Q(status="pending", escalate_at__isnull=False),
             ),
+            where_set("decided_by", "interrupt_decided_by"),
+            where_set("escalate_to", "interrupt_escalate_to"),
         ]
 
     def __str__(self) -> str:
@@ -341,10 +358,12 @@ class RunEvent(models.Model):
         CHECKPOINT_VIEWED = "checkpoint_viewed"
 
     run = models.ForeignKey(Run, models.CASCADE, related_name="events")
-    interrupt = models.ForeignKey(Interrupt, models.CASCADE, null=True, blank=True, related_name="events")
+    interrupt = models.ForeignKey(
+        Interrupt, models.CASCADE, null=True, blank=True, related_name="events", db_index=False
+    )
     kind = models.CharField(max_length=30, choices=Kind.choices)
     actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+"
+        settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
     )
     actor_name = models.CharField(max_length=150, blank=True)
     detail = models.JSONField(default=dict, blank=True)
@@ -354,6 +373,10 @@ class RunEvent(models.Model):
 
     class Meta:
         ordering = ["at", "id"]
+        indexes = [
+            where_set("interrupt", "runevent_interrupt"),
+            where_set("actor", "runevent_actor"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor_name} {self.kind}"
