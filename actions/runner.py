@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -121,6 +123,27 @@ def check_size(what: str, value: Any) -> None:
         raise PayloadTooLarge(f"{what} is {size} bytes; the limit is {limit} bytes")
 
 
+# A step's resumption that its caller does not know: the step reads it (last_resumption).
+UNREAD = object()
+
+# The events of the transaction open in _atomic(), written together before it commits.
+_journal: ContextVar[list[list[Any]] | None] = ContextVar("grundlag_journal", default=None)
+
+
+@contextmanager
+def _atomic() -> Iterator[None]:
+    """``transaction.atomic()`` whose audit events are written in one INSERT, as it ends."""
+    events: list[list[Any]] = []
+    with transaction.atomic():
+        token = _journal.set(events)
+        try:
+            yield
+        finally:
+            # Reset before the commit: steps that run after it (inline) keep journals of their own.
+            _journal.reset(token)
+        _write_events(events)
+
+
 def _log(
     run: Run | int,
     kind: str,
@@ -128,19 +151,32 @@ def _log(
     interrupt: Interrupt | None = None,
     **detail: Any,
 ) -> None:
+    """Append an event to the run's log: in the open _atomic() block's journal, or now."""
     user = actor_user(by)
+    event = [
+        run if isinstance(run, int) else run.pk,
+        interrupt.pk if interrupt is not None else None,
+        kind,
+        user.pk if user is not None else None,
+        actor_name(by),
+        store.as_json(detail),
+        store.when(timezone.now()),
+    ]
+    journal = _journal.get()
+    if journal is not None:
+        journal.append(event)
+    else:
+        _write_events([event])
+
+
+def _write_events(events: list[list[Any]]) -> None:
+    if not events:
+        return
+    rows = ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(events))
     store.execute(
-        """INSERT INTO actions_runevent (run_id, interrupt_id, kind, actor_id, actor_name, detail, at)
-           VALUES (%s, %s, %s, %s, %s, %s, %s)""",
-        [
-            run if isinstance(run, int) else run.pk,
-            interrupt.pk if interrupt is not None else None,
-            kind,
-            user.pk if user is not None else None,
-            actor_name(by),
-            store.as_json(detail),
-            store.when(timezone.now()),
-        ],
+        "INSERT INTO actions_runevent (run_id, interrupt_id, kind, actor_id, actor_name, detail, at)"
+        f" VALUES {rows}",
+        [value for event in events for value in event],
     )
 
 
@@ -168,10 +204,11 @@ def _enqueue(run_id: int) -> None:
     transaction.on_commit(send)
 
 
-def _hand_over(run: Run) -> None:
+def _hand_over(run: Run, resumption: ActionResumption | None | object = UNREAD) -> None:
     """The run's next step runs once this transaction commits: in a worker, which claims the
     queued run; or, with inline steps, here, the run claimed already by this transaction (so
-    the claim costs no transaction of its own, and means the same: one holder, one lease)."""
+    the claim costs no transaction of its own, and means the same: one holder, one lease).
+    ``resumption`` is what an action's step resumes with, when the caller knows it."""
     if run.status != Status.RUNNING:
         _enqueue(run.pk)
         return
@@ -180,7 +217,7 @@ def _hand_over(run: Run) -> None:
 
     def step() -> None:
         try:
-            _execute_claimed(run)
+            _execute_claimed(run, resumption)
         except Exception:
             # Our caller's change is committed and the run holds a lease: when it runs out, the
             # sweeper hands the step on. The caller is not told of a failure it did not cause.
@@ -222,7 +259,7 @@ def start_run(
         except ValidationError as exc:
             errors = field_errors(exc)
             raise InvalidInput("the input does not fit the action's input schema", errors) from None
-    with transaction.atomic():
+    with _atomic():
         run = Run(
             action=action_name,
             input=input,
@@ -241,7 +278,7 @@ def start_run(
         # here is announced by the claim.
         if run.status == Status.QUEUED:
             _push_status_after_commit(run, run.status)
-        _hand_over(run)
+        _hand_over(run, resumption=None)  # a new run has not paused
     return run
 
 
@@ -336,7 +373,7 @@ def _decide(
 ) -> Interrupt:
     """Decide a pending interrupt. ``policy`` names the policy deciding it, when no one does."""
     now = timezone.now()
-    with transaction.atomic():
+    with _atomic():
         # Lock the run first: two reviewers deciding two interrupts of one agent turn (or two
         # of N required approvers) must see each other's decision, or neither would resume the
         # run (PostgreSQL; SQLite's IMMEDIATE transactions already serialise writers).
@@ -465,7 +502,11 @@ def _queue_if_nothing_pending(run: Run, interrupt: Interrupt) -> None:
     )
     if queued:
         _log(run, RunEvent.Kind.RESUMED, None, interrupt, seq=interrupt.seq)
-        _hand_over(queued[0])
+        # An action pauses once per step, so the interrupt decided last is its latest: the
+        # step resumes with its answer and checkpoint (an agent's or a script's driver reads
+        # its own).
+        approved = interrupt.status == Interrupt.Status.APPROVED
+        _hand_over(queued[0], ActionResumption(interrupt.answer, interrupt.state) if approved else UNREAD)
 
 
 def resume(interrupt: Interrupt, data: Any, by: Actor) -> Interrupt:
@@ -509,7 +550,7 @@ def _finish_with_pending_cancelled(run: Run, status: str, *, error: str = "", by
 
 
 def cancel(run: Run, by: Actor) -> None:
-    with transaction.atomic():
+    with _atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if locked.is_finished:
             raise NotCancellable(f"run {run.pk} is already {locked.status}")
@@ -594,7 +635,7 @@ CLAIMED_COLUMNS = "id, action, input, team_id, consumer, status, attempt, driver
 def execute_step(run_id: int) -> None:
     """Claim the run's queued step, run it, and record how it ended. Idempotent."""
     now = timezone.now()
-    with transaction.atomic():
+    with _atomic():
         # The claim: of two deliveries of the same message (at-least-once), or two workers,
         # exactly one moves the run from queued to running; the other returns, running nothing.
         claimed = store.fetch(
@@ -613,14 +654,17 @@ def execute_step(run_id: int) -> None:
     _execute_claimed(run)
 
 
-def _execute_claimed(run: Run) -> None:
+def _execute_claimed(run: Run, resumption: ActionResumption | None | object = UNREAD) -> None:
     """Run the step of a run this process holds the lease of, and record how it ended."""
     driver = DRIVERS.get(run.consumer)
     try:
         if driver is not None:
             result = driver.step(run)
         else:
-            result = step_action(run.action, run.input, last_resumption(run), run.pk)
+            if resumption is UNREAD:
+                resumption = last_resumption(run)
+            assert resumption is None or isinstance(resumption, ActionResumption)
+            result = step_action(run.action, run.input, resumption, run.pk)
     except Exception as exc:
         logger.exception("step of run %s crashed in the engine", run.pk)
         result = StepResult(Status.FAILED, error=f"internal error: {type(exc).__name__}: {exc}")
@@ -629,7 +673,7 @@ def _execute_claimed(run: Run) -> None:
 
 def record(run: Run, result: StepResult) -> None:
     now = timezone.now()
-    with transaction.atomic():
+    with _atomic():
         # Only the holder of the current lease may record: if the sweeper re-queued this run
         # (we were presumed dead) and another worker claimed it, our late result is dropped.
         # A running step has no output, error or end yet, so each is set to what this step gave.
@@ -697,7 +741,7 @@ def sweep(*, all_unfinished: bool = False) -> int:
     if not all_unfinished:
         running = running.filter(lease_expires_at__lt=now)
     for run_id, attempt in running.values_list("pk", "attempt"):
-        with transaction.atomic():
+        with _atomic():
             # Conditional on the attempt: a worker that reports back meanwhile keeps its result.
             requeued = Run.objects.filter(pk=run_id, status=Status.RUNNING, attempt=attempt).update(
                 status=Status.QUEUED, updated_at=now, lease_expires_at=None
@@ -762,7 +806,7 @@ def apply_policies(now: Any = None) -> int:
     for interrupt in due:
         target = interrupt.escalate_to
         assert target is not None
-        with transaction.atomic():
+        with _atomic():
             escalated = Interrupt.objects.filter(
                 pk=interrupt.pk, status=Interrupt.Status.PENDING, escalated_at=None
             ).update(escalated_at=now)

@@ -12,10 +12,11 @@ Everything else in the project uses the ORM.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from functools import cache
 from typing import Any, TypeVar
+from weakref import WeakKeyDictionary
 
 from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -59,12 +60,7 @@ def fetch(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
     if not rows:
         return []
     # from_db takes the values in the model's field order, whatever order the SQL named them in.
-    fields = _fields(model, columns)
-    attnames = [field.attname for _, field, _ in fields]
-    converters = [
-        (position, col, connection.ops.get_db_converters(col) + col.get_db_converters(connection))
-        for position, _, col in fields
-    ]
+    attnames, converters = _reading(connection, model, columns)
     instances = []
     for row in rows:
         values = []
@@ -75,6 +71,31 @@ def fetch(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
             values.append(value)
         instances.append(model.from_db(DEFAULT_DB_ALIAS, attnames, values))
     return instances
+
+
+Converter = Callable[[Any, Col, BaseDatabaseWrapper], Any]
+Reading = tuple[list[str], list[tuple[int, Col, list[Converter]]]]
+
+# Per connection (the converters are its backend's methods), per model and columns read.
+_readings: WeakKeyDictionary[BaseDatabaseWrapper, dict[tuple[type[models.Model], tuple[str, ...]], Reading]]
+_readings = WeakKeyDictionary()
+
+
+def _reading(connection: BaseDatabaseWrapper, model: type[models.Model], columns: tuple[str, ...]) -> Reading:
+    """The attnames of the fields ``columns`` names, in the model's order, and for each: its
+    position in the row, its column expression, and the converters its value goes through."""
+    readings = _readings.setdefault(connection, {})
+    reading = readings.get((model, columns))
+    if reading is None:
+        fields = _fields(model, columns)
+        reading = readings[model, columns] = (
+            [field.attname for _, field, _ in fields],
+            [
+                (position, col, connection.ops.get_db_converters(col) + col.get_db_converters(connection))
+                for position, _, col in fields
+            ],
+        )
+    return reading
 
 
 def insert(obj: M) -> M:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.db import OperationalError, connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from actions import runner
@@ -234,18 +235,23 @@ def test_a_claim_is_taken_once_so_a_duplicate_delivery_runs_nothing(team: Team, 
 def test_inline_steps_run_in_the_callers_process_and_claim_as_they_queue(
     team: Team, reviewer: User, no_worker: None, commits: list[int]
 ) -> None:
-    run = runner.start_run("send_invoice", {"invoice_id": "INV-7", "amount": 3.0}, team, reviewer)
-    (interrupt,) = runner.pending_interrupts(run.pk)
-    assert (interrupt.seq, interrupt.data) == (1, {"invoice_id": "INV-7", "amount": 3.0})
-    runner.resume(interrupt, {"approved": True}, reviewer)
+    with CaptureQueriesContext(connection) as queries:
+        run = runner.start_run("send_invoice", {"invoice_id": "INV-7", "amount": 3.0}, team, reviewer)
+        (interrupt,) = runner.pending_interrupts(run.pk)
+        assert (interrupt.seq, interrupt.data) == (1, {"invoice_id": "INV-7", "amount": 3.0})
+        runner.resume(interrupt, {"approved": True}, reviewer)
 
     run.refresh_from_db()
     assert run.status == "completed" and run.attempt == 2
     assert runner.pending_interrupts(run.pk) == []
     assert kinds(run) == ["started", "claimed", "interrupted", "approved", "resumed", "claimed", "completed"]
     # Start and claim, the pause, the decision and claim, the end: the claims cost no
-    # transaction of their own (steps in workers take six).
+    # transaction of their own (steps in workers take six), and each transaction writes its
+    # events in one statement.
     assert len(commits) == 4
+    statements = [query["sql"] for query in queries if not query["sql"].startswith(("BEGIN", "COMMIT"))]
+    assert len(statements) == 16, "\n".join(statements)  # one checks the reviewer's membership
+    assert sum(sql.startswith("INSERT INTO actions_runevent") for sql in statements) == 4
 
 
 @pytest.mark.parametrize("steps", ["inline steps"], indirect=True)
