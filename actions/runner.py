@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
@@ -443,11 +443,12 @@ def _decide(
 
 
 def _lock_run(run_id: int) -> Run:
-    """The run, locked until the transaction ends (PostgreSQL; on SQLite the IMMEDIATE
-    transaction already holds the database's write lock)."""
-    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    """The run, locked until the transaction ends. On SQLite the IMMEDIATE transaction holds
+    the database's write lock already, so nothing is read until a field is used."""
+    if not connection.features.has_select_for_update:
+        return Run.from_db(DEFAULT_DB_ALIAS, ["id"], [run_id])
     (run,) = store.fetch(
-        Run, f"SELECT id, team_id, consumer, status FROM actions_run WHERE id = %s{lock}", [run_id]
+        Run, "SELECT id, team_id, consumer, status FROM actions_run WHERE id = %s FOR UPDATE", [run_id]
     )
     return run
 
@@ -699,12 +700,10 @@ def record(run: Run, result: StepResult) -> None:
             logger.warning("run %s attempt %s lost its lease; result dropped", run.pk, run.attempt)
             return
         if result.status == Status.INTERRUPTED:
-            last = store.scalar("SELECT MAX(seq) FROM actions_interrupt WHERE run_id = %s", [run.pk]) or 0
-            for offset, pause in enumerate(result.pauses, start=1):
+            for pause in result.pauses:
                 action_name = pause.action or run.action
                 interrupt = Interrupt(
                     run=run,
-                    seq=last + offset,
                     team_id=run.team_id,
                     action=action_name,
                     message=pause.message,
@@ -713,7 +712,7 @@ def record(run: Run, result: StepResult) -> None:
                     tool_call_id=pause.tool_call_id,
                     **_policy_fields(run.team_id, action_name, now),
                 )
-                store.insert(interrupt)
+                store.insert(interrupt, _next_seq(run.pk))
                 _log(run, RunEvent.Kind.INTERRUPTED, None, interrupt, seq=interrupt.seq)
                 _push_after_commit(
                     run.team_id, "interrupt", run_id=run.pk, interrupt_id=interrupt.pk, status="pending"
@@ -723,6 +722,11 @@ def record(run: Run, result: StepResult) -> None:
         else:
             _log(run, RunEvent.Kind.FAILED, None, error=result.error)
         _push_status_after_commit(run, result.status)
+
+
+def _next_seq(run_id: int) -> tuple[str, str, list[Any]]:
+    """An interrupt's number in its run: one more than the run's last, counted as it is inserted."""
+    return ("seq", "(SELECT COALESCE(MAX(seq), 0) + 1 FROM actions_interrupt WHERE run_id = %s)", [run_id])
 
 
 # Recovering

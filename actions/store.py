@@ -98,17 +98,26 @@ def _reading(connection: BaseDatabaseWrapper, model: type[models.Model], columns
     return reading
 
 
-def insert(obj: M) -> M:
+def insert(obj: M, computed: tuple[str, str, Sequence[Any]] | None = None) -> M:
     """Save a new instance (of a model with an auto-incremented primary key) with one
     INSERT ... RETURNING its primary key. Like ``save()``, minus the signals, which no engine
-    model has."""
+    model has. ``computed`` is (field, SQL, params): that field's value is computed by the
+    database as it inserts (an integer, such as the next number in a sequence)."""
     meta, connection = obj._meta, _db()
     fields = _insert_fields(type(obj))
-    values = [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
+    values: list[Any] = []
+    for field in fields:
+        if computed is not None and field.name == computed[0]:
+            values.extend(computed[2])
+        else:
+            values.append(field.get_db_prep_save(field.pre_save(obj, True), connection))
+    sql = _insert_sql(type(obj), connection.vendor, computed[:2] if computed is not None else None)
     with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(type(obj), connection.vendor), values)
-        (pk,) = cursor.fetchone()
+        cursor.execute(sql, values)
+        pk, *returned = cursor.fetchone()
     setattr(obj, meta.pk.attname, pk)
+    if computed is not None:
+        setattr(obj, _concrete(type(obj), computed[0]).attname, returned[0])
     obj._state.adding = False
     obj._state.db = DEFAULT_DB_ALIAS
     return obj
@@ -136,13 +145,23 @@ def _insert_fields(model: type[models.Model]) -> list[models.Field[Any, Any]]:
 
 
 @cache
-def _insert_sql(model: type[models.Model], vendor: str) -> str:
+def _insert_sql(model: type[models.Model], vendor: str, computed: tuple[str, str] | None) -> str:
     """Cached per backend (``vendor``): quoting differs."""
     fields = _insert_fields(model)
     columns = ", ".join(_quoted_column(field) for field in fields)
-    placeholders = ", ".join(["%s"] * len(fields))
-    table, pk = _db().ops.quote_name(model._meta.db_table), _quoted_column(model._meta.pk)
-    return f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) RETURNING {pk}"
+    placeholders = ", ".join(
+        computed[1] if computed is not None and field.name == computed[0] else "%s" for field in fields
+    )
+    table, returning = _db().ops.quote_name(model._meta.db_table), _quoted_column(model._meta.pk)
+    if computed is not None:
+        returning += ", " + _quoted_column(_concrete(model, computed[0]))
+    return f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) RETURNING {returning}"
+
+
+def _concrete(model: type[models.Model], name: str) -> models.Field[Any, Any]:
+    field = model._meta.get_field(name)
+    assert isinstance(field, models.Field) and field.concrete, f"{name} is not a column of {model}"
+    return field
 
 
 def _quoted_column(field: models.Field[Any, Any]) -> str:

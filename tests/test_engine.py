@@ -250,7 +250,7 @@ def test_inline_steps_run_in_the_callers_process_and_claim_as_they_queue(
     # events in one statement.
     assert len(commits) == 4
     statements = [query["sql"] for query in queries if not query["sql"].startswith(("BEGIN", "COMMIT"))]
-    assert len(statements) == 16, "\n".join(statements)  # one checks the reviewer's membership
+    assert len(statements) == 14, "\n".join(statements)  # one checks the reviewer's membership
     assert sum(sql.startswith("INSERT INTO actions_runevent") for sql in statements) == 4
 
 

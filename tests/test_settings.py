@@ -43,3 +43,17 @@ def test_a_bad_setting_stops_the_process_naming_the_variable(env: dict[str, str]
 def test_the_defaults_run_on_one_machine() -> None:
     result = start_with()
     assert result.returncode == 0, result.stderr
+
+
+def test_sqlite_connections_take_their_checkpoint_size_from_the_environment(tmp_path: Path) -> None:
+    pragma = (
+        "from django.db import connection as c; "
+        "print(c.cursor().execute('PRAGMA wal_autocheckpoint').fetchone()[0])"
+    )
+    url = f"sqlite:///{tmp_path / 'db.sqlite3'}"
+    for env, pages in (({}, "8000"), ({"SQLITE_WAL_AUTOCHECKPOINT": "2000"}, "2000")):
+        result = subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", pragma],
+            cwd=ROOT, env={**os.environ, "DATABASE_URL": url, **env}, capture_output=True, text=True,
+        )  # fmt: skip
+        assert result.stdout.strip().splitlines()[-1] == pages, result.stderr

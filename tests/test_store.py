@@ -46,6 +46,19 @@ def test_what_insert_writes_the_orm_reads_back_unchanged(run: Run) -> None:
     assert Interrupt.objects.filter(pk=interrupt.pk, answer__isnull=True).exists()
 
 
+def test_a_computed_column_is_the_databases_value_and_comes_back_on_the_instance(run: Run) -> None:
+    next_seq = "(SELECT COALESCE(MAX(seq), 0) + %s FROM actions_interrupt WHERE run_id = %s)"
+    first, second = (
+        store.insert(
+            Interrupt(run=run, team=run.team, action="send_invoice", message=message),
+            ("seq", next_seq, [1, run.pk]),
+        )
+        for message in ("first", "second")
+    )
+    assert (first.seq, second.seq) == (1, 2)
+    assert list(run.interrupts.order_by("seq").values_list("message", "seq")) == [("first", 1), ("second", 2)]
+
+
 def test_fetch_gives_each_column_to_its_field_whatever_order_the_sql_names_them(run: Run) -> None:
     Run.objects.filter(pk=run.pk).update(attempt=3, driver_state={"messages": [1]})
 
