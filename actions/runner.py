@@ -159,8 +159,8 @@ def _log(
         kind,
         user.pk if user is not None else None,
         actor_name(by),
-        store.as_json(detail),
-        store.when(timezone.now()),
+        store.Json(detail),
+        timezone.now(),
     ]
     journal = _journal.get()
     if journal is not None:
@@ -404,11 +404,11 @@ def _decide(
                WHERE id = %s AND status = %s""",
             [
                 status,
-                store.as_json(answer),
+                store.Json(answer),
                 reason,
                 user.pk if user is not None else None,
                 decision["decided_by_name"],
-                store.when(now),
+                now,
                 current.pk,
                 Interrupt.Status.PENDING,
             ],
@@ -492,9 +492,9 @@ def _queue_if_nothing_pending(run: Run, interrupt: Interrupt) -> None:
             RETURNING {CLAIMED_COLUMNS}""",
         [
             Status.RUNNING if inline else Status.QUEUED,
-            store.when(now),
+            now,
             1 if inline else 0,
-            store.when(_lease(now) if inline else None),
+            _lease(now) if inline else None,
             run.pk,
             Status.INTERRUPTED,
             run.pk,
@@ -645,7 +645,7 @@ def execute_step(run_id: int) -> None:
                 SET status = %s, attempt = attempt + 1, lease_expires_at = %s, updated_at = %s
                 WHERE id = %s AND status = %s
                 RETURNING {CLAIMED_COLUMNS}""",
-            [Status.RUNNING, store.when(_lease(now)), store.when(now), run_id, Status.QUEUED],
+            [Status.RUNNING, _lease(now), now, run_id, Status.QUEUED],
         )
         if not claimed:
             return
@@ -686,11 +686,11 @@ def record(run: Run, result: StepResult) -> None:
                WHERE id = %s AND status = %s AND attempt = %s""",
             [
                 result.status,
-                store.when(now),
-                store.as_json(run.driver_state),
-                store.as_json(result.output if result.status == Status.COMPLETED else None),
+                now,
+                store.Json(run.driver_state),
+                store.Json(result.output if result.status == Status.COMPLETED else None),
                 result.error if result.status == Status.FAILED else "",
-                store.when(now if finished else None),
+                now if finished else None,
                 run.pk,
                 Status.RUNNING,
                 run.attempt,

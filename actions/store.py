@@ -5,14 +5,16 @@ each costs several times its execution in building the query, which made the eng
 than LangGraph at the same work (bench/engine_throughput.py). The runner writes those
 statements in SQL instead (conditional UPDATEs with RETURNING, PostgreSQL and SQLite 3.35+),
 and these helpers keep the ORM's meaning at either end: values are adapted by the model
-fields' own ``get_db_prep_save`` and read back through the same converters a queryset uses,
-into ordinary model instances (columns not selected are deferred, loaded on first access).
-Everything else in the project uses the ORM.
+fields' own ``get_db_prep_save`` (or, as parameters, the way DateTimeField and JSONField save
+them) and read back through the same converters a queryset uses, into ordinary model
+instances (columns not selected are deferred, loaded on first access). Everything else in the
+project uses the ORM.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from typing import Any, TypeVar
@@ -20,32 +22,46 @@ from weakref import WeakKeyDictionary
 
 from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models.base import ModelState
 from django.db.models.expressions import Col
 
 M = TypeVar("M", bound=models.Model)
 
 
-def when(value: datetime | None) -> Any:
-    """A datetime as the backend stores it (SQLite: naive UTC text)."""
-    return _db().ops.adapt_datetimefield_value(value)
+@dataclass(frozen=True, slots=True)
+class Json:
+    """A parameter for a JSON column, adapted the way ``JSONField`` saves it (None is SQL NULL)."""
+
+    value: Any
 
 
-def as_json(value: Any) -> Any:
-    """A value for a JSON column, adapted the way ``JSONField`` saves it (None is SQL NULL)."""
-    return None if value is None else _db().ops.adapt_json_value(value, None)
+def _adapted(connection: BaseDatabaseWrapper, params: Sequence[Any]) -> list[Any]:
+    """Parameters as the backend stores them: datetimes as ``DateTimeField`` saves them (SQLite:
+    naive UTC text), ``Json`` as ``JSONField`` does; anything else as it is."""
+    ops = connection.ops
+    return [
+        ops.adapt_datetimefield_value(param)
+        if isinstance(param, datetime)
+        else (None if param.value is None else ops.adapt_json_value(param.value, None))
+        if isinstance(param, Json)
+        else param
+        for param in params
+    ]
 
 
 def execute(sql: str, params: Sequence[Any]) -> int:
     """Run one statement; the number of rows it changed."""
-    with _db().cursor() as cursor:
-        cursor.execute(sql, params)
+    connection = _db()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, _adapted(connection, params))
         return int(cursor.rowcount)
 
 
 def scalar(sql: str, params: Sequence[Any]) -> Any:
     """The first column of the first row, or None."""
-    with _db().cursor() as cursor:
-        cursor.execute(sql, params)
+    connection = _db()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, _adapted(connection, params))
         row = cursor.fetchone()
     return None if row is None else row[0]
 
@@ -54,7 +70,7 @@ def fetch(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
     """Instances of ``model`` from a SELECT or an ``UPDATE ... RETURNING`` naming its columns."""
     connection = _db()
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, _adapted(connection, params))
         rows = cursor.fetchall()
         columns = tuple(column[0] for column in cursor.description)
     if not rows:
@@ -69,8 +85,20 @@ def fetch(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
             for converter in convert:
                 value = converter(value, col, connection)
             values.append(value)
-        instances.append(model.from_db(DEFAULT_DB_ALIAS, attnames, values))
+        instances.append(_loaded(model, attnames, values))
     return instances
+
+
+def _loaded(model: type[M], attnames: list[str], values: list[Any]) -> M:
+    """What ``model.from_db`` gives, built the way Django unpickles an instance (``__new__``, then
+    its ``__dict__``) rather than through ``__init__``, whose work per field these rows, complete
+    and converted, do not need. Fields left out of ``attnames`` are deferred: not in the
+    instance's ``__dict__``, they load on first access, as with ``only()``."""
+    instance = model.__new__(model)
+    state = ModelState()
+    state.adding, state.db = False, DEFAULT_DB_ALIAS
+    instance.__dict__.update(zip(attnames, values, strict=True), _state=state)
+    return instance
 
 
 Converter = Callable[[Any, Col, BaseDatabaseWrapper], Any]

@@ -83,6 +83,30 @@ def test_an_update_returning_rows_gives_instances_and_an_update_matching_none_gi
     assert store.fetch(Run, sql, ["running", run.pk, "queued"]) == []
 
 
+def test_a_fetched_instance_is_an_ordinary_model_instance(run: Run) -> None:
+    (fetched,) = store.fetch(Run, "SELECT id, status, team_id FROM actions_run WHERE id = %s", [run.pk])
+
+    assert fetched == run and not fetched._state.adding and fetched._state.db == "default"
+    assert fetched.team == run.team  # a foreign key loads through its descriptor
+    fetched.status = "running"
+    fetched.save(update_fields=["status"])
+    run.refresh_from_db()
+    assert run.status == "running"
+
+
+def test_parameters_are_stored_as_the_fields_store_them(run: Run) -> None:
+    lease = timezone.now() + timedelta(minutes=5)
+    changed = store.execute(
+        "UPDATE actions_run SET lease_expires_at = %s, output = %s, driver_state = %s WHERE id = %s",
+        [lease, store.Json(None), store.Json({"k": ["v", 1]}), run.pk],
+    )
+
+    assert changed == 1
+    read = Run.objects.get(pk=run.pk)
+    assert (read.lease_expires_at, read.driver_state) == (lease, {"k": ["v", 1]})
+    assert Run.objects.filter(pk=run.pk, output__isnull=True, lease_expires_at__gt=timezone.now()).exists()
+
+
 def test_fetch_refuses_a_column_its_model_does_not_have(run: Run) -> None:
     with pytest.raises(ValueError, match="'team_name'.*actions.Run"):
         store.fetch(Run, "SELECT id, 'x' AS team_name FROM actions_run WHERE id = %s", [run.pk])
