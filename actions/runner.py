@@ -132,14 +132,15 @@ _journal: ContextVar[list[list[Any]] | None] = ContextVar("grundlag_journal", de
 
 @contextmanager
 def _atomic() -> Iterator[None]:
-    """``transaction.atomic()`` whose audit events are written in one INSERT, as it ends."""
+    """``transaction.atomic()`` whose audit events are written in one INSERT, as it ends, and
+    whose engine statements share a cursor."""
     events: list[list[Any]] = []
-    with transaction.atomic():
+    with transaction.atomic(), store.one_cursor():
         token = _journal.set(events)
         try:
             yield
         finally:
-            # Reset before the commit: steps that run after it (inline) keep journals of their own.
+            # Reset before the commit: steps that run after it (inline) keep their own.
             _journal.reset(token)
         _write_events(events)
 

@@ -13,7 +13,9 @@ project uses the ORM.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -22,6 +24,7 @@ from weakref import WeakKeyDictionary
 
 from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorWrapper
 from django.db.models.base import ModelState
 from django.db.models.expressions import Col
 
@@ -49,10 +52,31 @@ def _adapted(connection: BaseDatabaseWrapper, params: Sequence[Any]) -> list[Any
     ]
 
 
+# The cursor of the open one_cursor() block.
+_shared: ContextVar[CursorWrapper | None] = ContextVar("grundlag_store_cursor", default=None)
+
+
+@contextmanager
+def one_cursor() -> Iterator[None]:
+    """The statements of this block run on one cursor. Django's ``cursor()`` costs about as much
+    as running a small statement; a transaction of the engine runs several."""
+    with _db().cursor() as cursor:
+        token = _shared.set(cursor)
+        try:
+            yield
+        finally:
+            _shared.reset(token)
+
+
+def _cursor(connection: BaseDatabaseWrapper) -> AbstractContextManager[CursorWrapper]:
+    shared = _shared.get()
+    return nullcontext(shared) if shared is not None else connection.cursor()
+
+
 def execute(sql: str, params: Sequence[Any]) -> int:
     """Run one statement; the number of rows it changed."""
     connection = _db()
-    with connection.cursor() as cursor:
+    with _cursor(connection) as cursor:
         cursor.execute(sql, _adapted(connection, params))
         return int(cursor.rowcount)
 
@@ -60,7 +84,7 @@ def execute(sql: str, params: Sequence[Any]) -> int:
 def scalar(sql: str, params: Sequence[Any]) -> Any:
     """The first column of the first row, or None."""
     connection = _db()
-    with connection.cursor() as cursor:
+    with _cursor(connection) as cursor:
         cursor.execute(sql, _adapted(connection, params))
         row = cursor.fetchone()
     return None if row is None else row[0]
@@ -69,7 +93,7 @@ def scalar(sql: str, params: Sequence[Any]) -> Any:
 def fetch(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
     """Instances of ``model`` from a SELECT or an ``UPDATE ... RETURNING`` naming its columns."""
     connection = _db()
-    with connection.cursor() as cursor:
+    with _cursor(connection) as cursor:
         cursor.execute(sql, _adapted(connection, params))
         rows = cursor.fetchall()
         columns = tuple(column[0] for column in cursor.description)
@@ -140,7 +164,7 @@ def insert(obj: M, computed: tuple[str, str, Sequence[Any]] | None = None) -> M:
         else:
             values.append(field.get_db_prep_save(field.pre_save(obj, True), connection))
     sql = _insert_sql(type(obj), connection.vendor, computed[:2] if computed is not None else None)
-    with connection.cursor() as cursor:
+    with _cursor(connection) as cursor:
         cursor.execute(sql, values)
         pk, *returned = cursor.fetchone()
     setattr(obj, meta.pk.attname, pk)
