@@ -199,7 +199,7 @@ class Interrupt(models.Model):
         EXPIRED = "expired"
         CANCELLED = "cancelled"
 
-    # Both indexed by a composite that starts with them: (run, seq) and interrupt_inbox. Every
+    # Both indexed by a composite that starts with them: (run, seq) and interrupt_team_created. Every
     # index here is rewritten when an interrupt is created or decided, so none should be redundant.
     run = models.ForeignKey(Run, models.CASCADE, related_name="interrupts", db_index=False)
     seq = models.PositiveIntegerField()
@@ -239,7 +239,9 @@ class Interrupt(models.Model):
             models.UniqueConstraint(fields=["run", "seq"], name="interrupt_run_seq"),
         ]
         indexes = [
-            models.Index(fields=["team", "status", "-created_at"], name="interrupt_inbox"),
+            # A team's interrupts, newest first (the API's list). Not by status: a decision
+            # would move the entry, and the inbox reads interrupt_status_created.
+            models.Index(fields=["team", "-created_at", "-id"], name="interrupt_team_created"),
             models.Index(fields=["status", "-created_at"], name="interrupt_status_created"),
             # The history's keyset paging walks (created_at, id) backwards.
             models.Index(fields=["-created_at", "-id"], name="interrupt_created_id"),
