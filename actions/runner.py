@@ -318,7 +318,7 @@ def _policy_fields(team_id: int, action_name: str, now: Any) -> dict[str, Any]:
         "expires_at": now + policy.deadline if policy.deadline else None,
         "default_answer": policy.default_answer,
         "escalate_at": now + policy.escalate_after if policy.escalate_after and escalate_to else None,
-        "escalate_to": escalate_to,
+        "escalate_to_id": escalate_to.pk if escalate_to else None,
         "approvals_required": policy.approvals,
         "assignees": list(policy.assignees),
     }
@@ -704,7 +704,7 @@ def record(run: Run, result: StepResult) -> None:
             for pause in result.pauses:
                 action_name = pause.action or run.action
                 interrupt = Interrupt(
-                    run=run,
+                    run_id=run.pk,
                     team_id=run.team_id,
                     action=action_name,
                     message=pause.message,
