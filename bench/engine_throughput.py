@@ -8,7 +8,7 @@ measures the engine and its persistence. For comparison it also measures steps h
 in eager mode: the task body runs in this process too, but the worker's claim is a transaction
 of its own, and Celery's task machinery runs around each step.
 
-    python -m bench.engine_throughput [--seconds 15] [--rounds 3]
+    python -m bench.engine_throughput [--seconds 20] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -110,8 +110,8 @@ def rate(result: dict[str, Any]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=15.0, help="per system, over all rounds")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=20.0, help="per system, over all rounds")
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
