@@ -7,6 +7,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     initial = True
 
     dependencies = [
@@ -15,268 +16,124 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name="Run",
+            name='Run',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                ("action", models.CharField(max_length=200)),
-                ("input", models.JSONField(default=dict)),
-                (
-                    "consumer",
-                    models.CharField(
-                        choices=[
-                            ("dashboard", "Dashboard"),
-                            ("api", "Api"),
-                            ("agent", "Agent"),
-                            ("sandbox", "Sandbox"),
-                        ],
-                        default="api",
-                        max_length=20,
-                    ),
-                ),
-                (
-                    "status",
-                    models.CharField(
-                        choices=[
-                            ("queued", "Queued"),
-                            ("running", "Running"),
-                            ("interrupted", "Interrupted"),
-                            ("completed", "Completed"),
-                            ("failed", "Failed"),
-                            ("rejected", "Rejected"),
-                            ("cancelled", "Cancelled"),
-                        ],
-                        default="queued",
-                        max_length=20,
-                    ),
-                ),
-                ("output", models.JSONField(blank=True, null=True)),
-                ("error", models.TextField(blank=True)),
-                ("started_by_name", models.CharField(blank=True, max_length=150)),
-                ("driver_state", models.JSONField(blank=True, default=dict)),
-                ("attempt", models.PositiveIntegerField(default=0)),
-                ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
-                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
-                ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
-                ("finished_at", models.DateTimeField(blank=True, null=True)),
-                (
-                    "started_by",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.SET_NULL,
-                        related_name="+",
-                        to=settings.AUTH_USER_MODEL,
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('action', models.CharField(max_length=200)),
+                ('input', models.JSONField(default=dict)),
+                ('consumer', models.CharField(choices=[('dashboard', 'Dashboard'), ('api', 'Api'), ('agent', 'Agent'), ('sandbox', 'Sandbox')], default='api', max_length=20)),
+                ('status', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('interrupted', 'Interrupted'), ('completed', 'Completed'), ('failed', 'Failed'), ('rejected', 'Rejected'), ('cancelled', 'Cancelled')], default='queued', max_length=20)),
+                ('output', models.JSONField(blank=True, null=True)),
+                ('error', models.TextField(blank=True)),
+                ('started_by_name', models.CharField(blank=True, max_length=150)),
+                ('driver_state', models.JSONField(blank=True, default=dict)),
+                ('attempt', models.PositiveIntegerField(default=0)),
+                ('lease_expires_at', models.DateTimeField(blank=True, null=True)),
+                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
+                ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
+                ('finished_at', models.DateTimeField(blank=True, null=True)),
+                ('started_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
             ],
             options={
-                "ordering": ["-created_at", "-id"],
+                'ordering': ['-created_at', '-id'],
             },
         ),
         migrations.CreateModel(
-            name="Interrupt",
+            name='Interrupt',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                ("seq", models.PositiveIntegerField()),
-                ("action", models.CharField(max_length=200)),
-                ("message", models.TextField()),
-                ("data", models.JSONField(blank=True, null=True)),
-                ("state", models.JSONField(blank=True, null=True)),
-                ("tool_call_id", models.CharField(blank=True, max_length=200)),
-                (
-                    "status",
-                    models.CharField(
-                        choices=[
-                            ("pending", "Pending"),
-                            ("approved", "Approved"),
-                            ("rejected", "Rejected"),
-                            ("expired", "Expired"),
-                            ("cancelled", "Cancelled"),
-                        ],
-                        default="pending",
-                        max_length=20,
-                    ),
-                ),
-                ("answer", models.JSONField(blank=True, null=True)),
-                ("reason", models.TextField(blank=True)),
-                ("decided_by_name", models.CharField(blank=True, max_length=150)),
-                ("decided_at", models.DateTimeField(blank=True, null=True)),
-                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
-                (
-                    "decided_by",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.SET_NULL,
-                        related_name="+",
-                        to=settings.AUTH_USER_MODEL,
-                    ),
-                ),
-                (
-                    "run",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="interrupts",
-                        to="actions.run",
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('seq', models.PositiveIntegerField()),
+                ('action', models.CharField(max_length=200)),
+                ('message', models.TextField()),
+                ('data', models.JSONField(blank=True, null=True)),
+                ('state', models.JSONField(blank=True, null=True)),
+                ('tool_call_id', models.CharField(blank=True, max_length=200)),
+                ('status', models.CharField(choices=[('pending', 'Pending'), ('approved', 'Approved'), ('rejected', 'Rejected'), ('expired', 'Expired'), ('cancelled', 'Cancelled')], default='pending', max_length=20)),
+                ('answer', models.JSONField(blank=True, null=True)),
+                ('reason', models.TextField(blank=True)),
+                ('decided_by_name', models.CharField(blank=True, max_length=150)),
+                ('decided_at', models.DateTimeField(blank=True, null=True)),
+                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
+                ('decided_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='interrupts', to='actions.run')),
             ],
             options={
-                "ordering": ["run", "seq"],
+                'ordering': ['run', 'seq'],
             },
         ),
         migrations.CreateModel(
-            name="RunEvent",
+            name='RunEvent',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                (
-                    "kind",
-                    models.CharField(
-                        choices=[
-                            ("started", "Started"),
-                            ("claimed", "Claimed"),
-                            ("interrupted", "Interrupted"),
-                            ("approved", "Approved"),
-                            ("rejected", "Rejected"),
-                            ("resumed", "Resumed"),
-                            ("completed", "Completed"),
-                            ("failed", "Failed"),
-                            ("cancelled", "Cancelled"),
-                            ("requeued", "Requeued"),
-                            ("expired", "Expired"),
-                            ("checkpoint_viewed", "Checkpoint Viewed"),
-                        ],
-                        max_length=30,
-                    ),
-                ),
-                ("actor_name", models.CharField(blank=True, max_length=150)),
-                ("detail", models.JSONField(blank=True, default=dict)),
-                ("at", models.DateTimeField(default=django.utils.timezone.now)),
-                (
-                    "actor",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.SET_NULL,
-                        related_name="+",
-                        to=settings.AUTH_USER_MODEL,
-                    ),
-                ),
-                (
-                    "interrupt",
-                    models.ForeignKey(
-                        blank=True,
-                        null=True,
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="events",
-                        to="actions.interrupt",
-                    ),
-                ),
-                (
-                    "run",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE, related_name="events", to="actions.run"
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('kind', models.CharField(choices=[('started', 'Started'), ('claimed', 'Claimed'), ('interrupted', 'Interrupted'), ('approved', 'Approved'), ('rejected', 'Rejected'), ('resumed', 'Resumed'), ('completed', 'Completed'), ('failed', 'Failed'), ('cancelled', 'Cancelled'), ('requeued', 'Requeued'), ('expired', 'Expired'), ('checkpoint_viewed', 'Checkpoint Viewed')], max_length=30)),
+                ('actor_name', models.CharField(blank=True, max_length=150)),
+                ('detail', models.JSONField(blank=True, default=dict)),
+                ('at', models.DateTimeField(default=django.utils.timezone.now)),
+                ('actor', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                ('interrupt', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='events', to='actions.interrupt')),
+                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='actions.run')),
             ],
             options={
-                "ordering": ["at", "id"],
+                'ordering': ['at', 'id'],
             },
         ),
         migrations.CreateModel(
-            name="Team",
+            name='Team',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                ("name", models.CharField(max_length=100)),
-                ("slug", models.SlugField(max_length=100, unique=True)),
-                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
-                (
-                    "members",
-                    models.ManyToManyField(blank=True, related_name="teams", to=settings.AUTH_USER_MODEL),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('name', models.CharField(max_length=100)),
+                ('slug', models.SlugField(max_length=100, unique=True)),
+                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
+                ('members', models.ManyToManyField(blank=True, related_name='teams', to=settings.AUTH_USER_MODEL)),
             ],
             options={
-                "ordering": ["name"],
+                'ordering': ['name'],
             },
         ),
         migrations.AddField(
-            model_name="run",
-            name="team",
-            field=models.ForeignKey(
-                on_delete=django.db.models.deletion.PROTECT, related_name="runs", to="actions.team"
-            ),
+            model_name='run',
+            name='team',
+            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='runs', to='actions.team'),
         ),
         migrations.AddField(
-            model_name="interrupt",
-            name="team",
-            field=models.ForeignKey(
-                on_delete=django.db.models.deletion.PROTECT, related_name="interrupts", to="actions.team"
-            ),
+            model_name='interrupt',
+            name='team',
+            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='interrupts', to='actions.team'),
         ),
         migrations.CreateModel(
-            name="ApiToken",
+            name='ApiToken',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                ("name", models.CharField(max_length=100)),
-                ("prefix", models.CharField(editable=False, max_length=12)),
-                ("key_hash", models.CharField(editable=False, max_length=64, unique=True)),
-                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
-                ("last_used_at", models.DateTimeField(blank=True, null=True)),
-                ("revoked_at", models.DateTimeField(blank=True, null=True)),
-                (
-                    "team",
-                    models.ForeignKey(
-                        on_delete=django.db.models.deletion.CASCADE, related_name="tokens", to="actions.team"
-                    ),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('name', models.CharField(max_length=100)),
+                ('prefix', models.CharField(editable=False, max_length=12)),
+                ('key_hash', models.CharField(editable=False, max_length=64, unique=True)),
+                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
+                ('last_used_at', models.DateTimeField(blank=True, null=True)),
+                ('revoked_at', models.DateTimeField(blank=True, null=True)),
+                ('team', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='tokens', to='actions.team')),
             ],
             options={
-                "ordering": ["team", "name"],
+                'ordering': ['team', 'name'],
             },
         ),
         migrations.AddIndex(
-            model_name="run",
-            index=models.Index(fields=["status", "updated_at"], name="run_status_updated"),
+            model_name='run',
+            index=models.Index(fields=['status', 'updated_at'], name='run_status_updated'),
         ),
         migrations.AddIndex(
-            model_name="run",
-            index=models.Index(fields=["team", "-created_at"], name="run_team_created"),
+            model_name='run',
+            index=models.Index(fields=['team', '-created_at'], name='run_team_created'),
         ),
         migrations.AddIndex(
-            model_name="interrupt",
-            index=models.Index(fields=["team", "status", "-created_at"], name="interrupt_inbox"),
+            model_name='interrupt',
+            index=models.Index(fields=['team', 'status', '-created_at'], name='interrupt_inbox'),
         ),
         migrations.AddIndex(
-            model_name="interrupt",
-            index=models.Index(fields=["status", "-created_at"], name="interrupt_status_created"),
+            model_name='interrupt',
+            index=models.Index(fields=['status', '-created_at'], name='interrupt_status_created'),
         ),
         migrations.AddConstraint(
-            model_name="interrupt",
-            constraint=models.UniqueConstraint(fields=("run", "seq"), name="interrupt_run_seq"),
+            model_name='interrupt',
+            constraint=models.UniqueConstraint(fields=('run', 'seq'), name='interrupt_run_seq'),
         ),
     ]

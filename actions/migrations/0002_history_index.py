@@ -5,14 +5,15 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("actions", "0001_initial"),
+        ('actions', '0001_initial'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name="interrupt",
-            index=models.Index(fields=["-created_at", "-id"], name="interrupt_created_id"),
+            model_name='interrupt',
+            index=models.Index(fields=['-created_at', '-id'], name='interrupt_created_id'),
         ),
     ]

@@ -7,164 +7,110 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("actions", "0002_history_index"),
+        ('actions', '0002_history_index'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name="Approval",
+            name='Approval',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                ("answer", models.JSONField(blank=True, null=True)),
-                ("at", models.DateTimeField(default=django.utils.timezone.now)),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('answer', models.JSONField(blank=True, null=True)),
+                ('at', models.DateTimeField(default=django.utils.timezone.now)),
             ],
         ),
         migrations.CreateModel(
-            name="Policy",
+            name='Policy',
             fields=[
-                (
-                    "id",
-                    models.BigAutoField(
-                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
-                    ),
-                ),
-                ("action", models.CharField(max_length=200)),
-                ("deadline_minutes", models.PositiveIntegerField(blank=True, null=True)),
-                (
-                    "default_answer",
-                    models.JSONField(
-                        blank=True,
-                        help_text="Applied at the deadline. Empty: the interrupt expires instead.",
-                        null=True,
-                    ),
-                ),
-                ("escalate_after_minutes", models.PositiveIntegerField(blank=True, null=True)),
-                ("approvals_required", models.PositiveSmallIntegerField(default=1)),
-                (
-                    "assignees",
-                    models.CharField(blank=True, help_text="Usernames, comma-separated", max_length=500),
-                ),
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('action', models.CharField(max_length=200)),
+                ('deadline_minutes', models.PositiveIntegerField(blank=True, null=True)),
+                ('default_answer', models.JSONField(blank=True, help_text='Applied at the deadline. Empty: the interrupt expires instead.', null=True)),
+                ('escalate_after_minutes', models.PositiveIntegerField(blank=True, null=True)),
+                ('approvals_required', models.PositiveSmallIntegerField(default=1)),
+                ('assignees', models.CharField(blank=True, help_text='Usernames, comma-separated', max_length=500)),
             ],
             options={
-                "verbose_name_plural": "policies",
+                'verbose_name_plural': 'policies',
             },
         ),
         migrations.AddField(
-            model_name="interrupt",
-            name="approvals_required",
+            model_name='interrupt',
+            name='approvals_required',
             field=models.PositiveSmallIntegerField(default=1),
         ),
         migrations.AddField(
-            model_name="interrupt",
-            name="assignees",
+            model_name='interrupt',
+            name='assignees',
             field=models.JSONField(blank=True, default=list),
         ),
         migrations.AddField(
-            model_name="interrupt",
-            name="default_answer",
+            model_name='interrupt',
+            name='default_answer',
             field=models.JSONField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name="interrupt",
-            name="escalate_at",
+            model_name='interrupt',
+            name='escalate_at',
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name="interrupt",
-            name="escalate_to",
-            field=models.ForeignKey(
-                blank=True,
-                null=True,
-                on_delete=django.db.models.deletion.SET_NULL,
-                related_name="escalated_interrupts",
-                to="actions.team",
-            ),
+            model_name='interrupt',
+            name='escalate_to',
+            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='escalated_interrupts', to='actions.team'),
         ),
         migrations.AddField(
-            model_name="interrupt",
-            name="escalated_at",
+            model_name='interrupt',
+            name='escalated_at',
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name="interrupt",
-            name="expires_at",
+            model_name='interrupt',
+            name='expires_at',
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AlterField(
-            model_name="runevent",
-            name="kind",
-            field=models.CharField(
-                choices=[
-                    ("started", "Started"),
-                    ("claimed", "Claimed"),
-                    ("interrupted", "Interrupted"),
-                    ("approved", "Approved"),
-                    ("rejected", "Rejected"),
-                    ("resumed", "Resumed"),
-                    ("completed", "Completed"),
-                    ("failed", "Failed"),
-                    ("cancelled", "Cancelled"),
-                    ("requeued", "Requeued"),
-                    ("expired", "Expired"),
-                    ("escalated", "Escalated"),
-                    ("checkpoint_viewed", "Checkpoint Viewed"),
-                ],
-                max_length=30,
-            ),
+            model_name='runevent',
+            name='kind',
+            field=models.CharField(choices=[('started', 'Started'), ('claimed', 'Claimed'), ('interrupted', 'Interrupted'), ('approved', 'Approved'), ('rejected', 'Rejected'), ('resumed', 'Resumed'), ('completed', 'Completed'), ('failed', 'Failed'), ('cancelled', 'Cancelled'), ('requeued', 'Requeued'), ('expired', 'Expired'), ('escalated', 'Escalated'), ('checkpoint_viewed', 'Checkpoint Viewed')], max_length=30),
         ),
         migrations.AddIndex(
-            model_name="interrupt",
-            index=models.Index(fields=["status", "expires_at"], name="interrupt_deadline"),
+            model_name='interrupt',
+            index=models.Index(fields=['status', 'expires_at'], name='interrupt_deadline'),
         ),
         migrations.AddIndex(
-            model_name="interrupt",
-            index=models.Index(fields=["status", "escalate_at"], name="interrupt_escalation"),
+            model_name='interrupt',
+            index=models.Index(fields=['status', 'escalate_at'], name='interrupt_escalation'),
         ),
         migrations.AddField(
-            model_name="approval",
-            name="interrupt",
-            field=models.ForeignKey(
-                on_delete=django.db.models.deletion.CASCADE, related_name="approvals", to="actions.interrupt"
-            ),
+            model_name='approval',
+            name='interrupt',
+            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='approvals', to='actions.interrupt'),
         ),
         migrations.AddField(
-            model_name="approval",
-            name="user",
-            field=models.ForeignKey(
-                on_delete=django.db.models.deletion.PROTECT, related_name="+", to=settings.AUTH_USER_MODEL
-            ),
+            model_name='approval',
+            name='user',
+            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL),
         ),
         migrations.AddField(
-            model_name="policy",
-            name="escalate_to",
-            field=models.ForeignKey(
-                blank=True,
-                null=True,
-                on_delete=django.db.models.deletion.SET_NULL,
-                related_name="+",
-                to="actions.team",
-            ),
+            model_name='policy',
+            name='escalate_to',
+            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='actions.team'),
         ),
         migrations.AddField(
-            model_name="policy",
-            name="team",
-            field=models.ForeignKey(
-                on_delete=django.db.models.deletion.CASCADE, related_name="policies", to="actions.team"
-            ),
+            model_name='policy',
+            name='team',
+            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='policies', to='actions.team'),
         ),
         migrations.AddConstraint(
-            model_name="approval",
-            constraint=models.UniqueConstraint(fields=("interrupt", "user"), name="one_approval_per_person"),
+            model_name='approval',
+            constraint=models.UniqueConstraint(fields=('interrupt', 'user'), name='one_approval_per_person'),
         ),
         migrations.AddConstraint(
-            model_name="policy",
-            constraint=models.UniqueConstraint(fields=("team", "action"), name="one_policy_per_team_action"),
+            model_name='policy',
+            constraint=models.UniqueConstraint(fields=('team', 'action'), name='one_policy_per_team_action'),
         ),
     ]

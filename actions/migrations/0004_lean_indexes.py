@@ -6,68 +6,46 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
+
     dependencies = [
-        ("actions", "0003_policies"),
+        ('actions', '0003_policies'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name="interrupt",
-            options={"ordering": ["-run_id", "seq"]},
+            name='interrupt',
+            options={'ordering': ['-run_id', 'seq']},
         ),
         migrations.RemoveIndex(
-            model_name="interrupt",
-            name="interrupt_deadline",
+            model_name='interrupt',
+            name='interrupt_deadline',
         ),
         migrations.RemoveIndex(
-            model_name="interrupt",
-            name="interrupt_escalation",
+            model_name='interrupt',
+            name='interrupt_escalation',
         ),
         migrations.AlterField(
-            model_name="interrupt",
-            name="run",
-            field=models.ForeignKey(
-                db_index=False,
-                on_delete=django.db.models.deletion.CASCADE,
-                related_name="interrupts",
-                to="actions.run",
-            ),
+            model_name='interrupt',
+            name='run',
+            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='interrupts', to='actions.run'),
         ),
         migrations.AlterField(
-            model_name="interrupt",
-            name="team",
-            field=models.ForeignKey(
-                db_index=False,
-                on_delete=django.db.models.deletion.PROTECT,
-                related_name="interrupts",
-                to="actions.team",
-            ),
+            model_name='interrupt',
+            name='team',
+            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='interrupts', to='actions.team'),
         ),
         migrations.AlterField(
-            model_name="run",
-            name="team",
-            field=models.ForeignKey(
-                db_index=False,
-                on_delete=django.db.models.deletion.PROTECT,
-                related_name="runs",
-                to="actions.team",
-            ),
+            model_name='run',
+            name='team',
+            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='runs', to='actions.team'),
         ),
         migrations.AddIndex(
-            model_name="interrupt",
-            index=models.Index(
-                condition=models.Q(("expires_at__isnull", False), ("status", "pending")),
-                fields=["expires_at"],
-                name="interrupt_deadline",
-            ),
+            model_name='interrupt',
+            index=models.Index(condition=models.Q(('expires_at__isnull', False), ('status', 'pending')), fields=['expires_at'], name='interrupt_deadline'),
         ),
         migrations.AddIndex(
-            model_name="interrupt",
-            index=models.Index(
-                condition=models.Q(("escalate_at__isnull", False), ("status", "pending")),
-                fields=["escalate_at"],
-                name="interrupt_escalation",
-            ),
+            model_name='interrupt',
+            index=models.Index(condition=models.Q(('escalate_at__isnull', False), ('status', 'pending')), fields=['escalate_at'], name='interrupt_escalation'),
         ),
     ]
