@@ -9,6 +9,7 @@ browsers) happens after commit. The statements every run goes through are writte
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -123,8 +124,13 @@ def check_size(what: str, value: Any) -> None:
         raise PayloadTooLarge(f"{what} is {size} bytes; the limit is {limit} bytes")
 
 
-# A step's resumption that its caller does not know: the step reads it (last_resumption).
-UNREAD = object()
+class Unread(enum.Enum):
+    """A step's resumption that its caller does not know: the step reads it (last_resumption)."""
+
+    UNREAD = "unread"
+
+
+UNREAD = Unread.UNREAD
 
 # The events of the transaction open in _atomic(), written together before it commits.
 _journal: ContextVar[list[list[Any]] | None] = ContextVar("grundlag_journal", default=None)
@@ -205,7 +211,7 @@ def _enqueue(run_id: int) -> None:
     transaction.on_commit(send)
 
 
-def _hand_over(run: Run, resumption: ActionResumption | None | object = UNREAD) -> None:
+def _hand_over(run: Run, resumption: ActionResumption | None | Unread = UNREAD) -> None:
     """The run's next step runs once this transaction commits: in a worker, which claims the
     queued run; or, with inline steps, here, the run claimed already by this transaction (so
     the claim costs no transaction of its own, and means the same: one holder, one lease).
@@ -656,7 +662,7 @@ def execute_step(run_id: int) -> None:
     _execute_claimed(run)
 
 
-def _execute_claimed(run: Run, resumption: ActionResumption | None | object = UNREAD) -> None:
+def _execute_claimed(run: Run, resumption: ActionResumption | None | Unread = UNREAD) -> None:
     """Run the step of a run this process holds the lease of, and record how it ended."""
     driver = DRIVERS.get(run.consumer)
     try:
@@ -665,7 +671,6 @@ def _execute_claimed(run: Run, resumption: ActionResumption | None | object = UN
         else:
             if resumption is UNREAD:
                 resumption = last_resumption(run)
-            assert resumption is None or isinstance(resumption, ActionResumption)
             result = step_action(run.action, run.input, resumption, run.pk)
     except Exception as exc:
         logger.exception("step of run %s crashed in the engine", run.pk)
