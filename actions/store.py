@@ -81,15 +81,6 @@ def execute(sql: str, params: Sequence[Any]) -> int:
         return int(cursor.rowcount)
 
 
-def scalar(sql: str, params: Sequence[Any]) -> Any:
-    """The first column of the first row, or None."""
-    connection = _db()
-    with _cursor(connection) as cursor:
-        cursor.execute(sql, _adapted(connection, params))
-        row = cursor.fetchone()
-    return None if row is None else row[0]
-
-
 def fetch(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
     """Instances of ``model`` from a SELECT or an ``UPDATE ... RETURNING`` naming its columns."""
     connection = _db()
