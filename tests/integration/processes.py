@@ -181,3 +181,18 @@ def base_env(database_url: str, action_modules: str = "actions.examples") -> dic
         DJANGO_SETTINGS_MODULE="grundlag_site.settings",
     )
     return env
+
+
+def pytest_passes(modules: list[str], **env: str) -> None:
+    """Run these test modules again in a child pytest with ``env`` added: every test must pass,
+    none may skip."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *modules],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "grundlag_site.settings", **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout

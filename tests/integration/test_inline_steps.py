@@ -4,16 +4,14 @@ the caller's process. tests/test_engine.py runs its own tests in both modes alre
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.integration.processes import pytest_passes
+
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 MODULES = [
     "tests/test_agent.py",
     "tests/test_sandbox.py",
@@ -24,19 +22,4 @@ MODULES = [
 
 
 def test_the_drivers_and_the_api_pass_with_inline_steps(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "GRUNDLAG_INLINE_STEPS": "true",
-        "DJANGO_SETTINGS_MODULE": "grundlag_site.settings",
-        "TEST_SQLITE_NAME": str(tmp_path / "inline.sqlite3"),
-    }
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *MODULES],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout
+    pytest_passes(MODULES, GRUNDLAG_INLINE_STEPS="true", TEST_SQLITE_NAME=str(tmp_path / "inline.sqlite3"))
