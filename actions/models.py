@@ -16,7 +16,7 @@ def where_set(field: str, name: str) -> models.Index:
     """An index of the rows whose nullable ``field`` is set. Engine writes leave most of these
     foreign keys empty (an event by the engine has no actor), and an index of NULLs is a page
     written by every insert for no query: the ones these serve (a deleted user's rows, an
-    escalation's interrupts) name a value."""
+    escalation's interrupts, a pruned interrupt's events) name a value."""
     return models.Index(fields=[field], name=name, condition=models.Q(**{f"{field}__isnull": False}))
 
 
