@@ -196,7 +196,7 @@ def _enqueue(run_id: int) -> None:
     """Once the transaction that queued the run commits, hand its next step to a worker (or,
     with inline steps, run it here; it is claimed like a worker would)."""
     if _inline():
-        transaction.on_commit(lambda: execute_step(run_id))
+        _step_after_commit(run_id, lambda: execute_step(run_id))
         return
 
     def send() -> None:
@@ -221,16 +221,21 @@ def _hand_over(run: Run, resumption: ActionResumption | None | Unread = UNREAD) 
         return
     _log(run, RunEvent.Kind.CLAIMED, None, attempt=run.attempt)
     _push_status_after_commit(run, run.status)
+    _step_after_commit(run.pk, lambda: _execute_claimed(run, resumption))
 
-    def step() -> None:
+
+def _step_after_commit(run_id: int, step: Callable[[], None]) -> None:
+    """Run an inline step once this transaction commits."""
+
+    def run_step() -> None:
         try:
-            _execute_claimed(run, resumption)
+            step()
         except Exception:
-            # Our caller's change is committed and the run holds a lease: when it runs out, the
+            # Our caller's change is committed and the run is queued or holds a lease: the
             # sweeper hands the step on. The caller is not told of a failure it did not cause.
-            logger.exception("step of run %s failed to record; the sweeper will retry it", run.pk)
+            logger.exception("step of run %s failed to record; the sweeper will retry it", run_id)
 
-    transaction.on_commit(step)
+    transaction.on_commit(run_step)
 
 
 def _lease(now: Any) -> Any:
