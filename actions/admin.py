@@ -3,13 +3,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
+from pydantic import ValidationError
 
+from actions.core import field_errors, registry
 from actions.models import ApiToken, Interrupt, Policy, Run, RunEvent, Team
 
 
@@ -20,8 +23,28 @@ class TeamAdmin(admin.ModelAdmin[Team]):
     filter_horizontal = ["members"]
 
 
+class PolicyForm(forms.ModelForm[Policy]):
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        act = registry.find(cleaned.get("action") or "")
+        default = cleaned.get("default_answer")
+        if act is None:
+            self.add_error("action", f"There is no action named {cleaned.get('action')!r}.")
+        elif default is not None:
+            # Refused now, not when a deadline passes months later.
+            try:
+                act.validate_answer(default)
+            except ValidationError as exc:
+                errors = "; ".join(
+                    f"{'.'.join(map(str, e['loc'])) or 'answer'}: {e['msg']}" for e in field_errors(exc)
+                )
+                self.add_error("default_answer", f"It does not fit {act.name}'s answer schema: {errors}")
+        return cleaned
+
+
 @admin.register(Policy)
 class PolicyAdmin(admin.ModelAdmin[Policy]):
+    form = PolicyForm
     list_display = [
         "action",
         "team",
@@ -30,6 +53,7 @@ class PolicyAdmin(admin.ModelAdmin[Policy]):
         "escalate_to",
         "approvals_required",
         "assignees",
+        "requester_may_approve",
     ]
     list_filter = ["team"]
 

@@ -156,11 +156,11 @@ def start_agent(messages: list[dict[str, Any]], tools: list[str], model: Any, te
     return runner.start_run(AGENT_ACTION, payload, team, by, Run.Consumer.AGENT, driver_state=state)
 
 
-def _result_text(outcome: Outcome) -> str:
+def _result_text(run_id: int, outcome: Outcome) -> str:
     if isinstance(outcome, Completed):
         return json.dumps(outcome.output, ensure_ascii=False)
     assert isinstance(outcome, Failed)
-    return f"error: {outcome.error}"
+    return f"error: {runner.public_error(run_id, outcome)}"
 
 
 def _pending_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -168,6 +168,27 @@ def _pending_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if not messages or messages[-1].get("role") != "assistant":
         return []
     return list(messages[-1].get("tool_calls") or [])
+
+
+def _turn(messages: list[dict[str, Any]]) -> int:
+    """The number of the last assistant turn (0 for the first): with a call's position, it
+    says which call an approval was given for, whatever ids the model chose."""
+    return sum(1 for message in messages if message.get("role") == "assistant") - 1
+
+
+def _repeated_id(calls: list[dict[str, Any]]) -> str | None:
+    seen: set[str] = set()
+    for call in calls:
+        call_id = call.get("id")
+        if not isinstance(call_id, str) or not call_id or call_id in seen:
+            return repr(call_id)
+        seen.add(call_id)
+    return None
+
+
+def _arguments(call: dict[str, Any]) -> Any:
+    """The call's arguments, parsed; raises ValueError when they are not JSON."""
+    return json.loads(call.get("function", {}).get("arguments") or "{}")
 
 
 class AgentDriver(runner.Driver):
@@ -183,15 +204,25 @@ class AgentDriver(runner.Driver):
         except (ModelError, UnknownAction) as exc:
             return runner.StepResult(Run.Status.FAILED, error=str(exc))
 
-        pauses = self._run_calls(run, _pending_calls(messages), results)
-        for _ in range(MAX_TURNS):
+        calls = _pending_calls(messages)
+        for asked in range(MAX_TURNS + 1):
+            if (repeated := _repeated_id(calls)) is not None:
+                # Results, and the model's view of them, are matched to calls by id: a turn
+                # that repeats one cannot be answered unambiguously, so it is not run at all.
+                return runner.StepResult(
+                    Run.Status.FAILED,
+                    error=f"the model's turn {_turn(messages) + 1} repeats or lacks a tool call id "
+                    f"({repeated}); each call of a turn needs its own id",
+                )
+            pauses = self._run_calls(run, calls, results)
             if pauses:
                 return runner.StepResult(Run.Status.INTERRUPTED, pauses=pauses)
-            calls = _pending_calls(messages)
             for call in calls:
                 messages.append(
                     {"role": "tool", "tool_call_id": call["id"], "content": results.pop(call["id"])}
                 )
+            if asked == MAX_TURNS:
+                break
             try:
                 reply = model.complete(messages, tools)
             except ModelError as exc:
@@ -200,31 +231,43 @@ class AgentDriver(runner.Driver):
             messages.append(reply)
             if not reply.get("tool_calls"):
                 return runner.StepResult(Run.Status.COMPLETED, output=reply.get("content") or "")
-            pauses = self._run_calls(run, reply["tool_calls"], results)
+            calls = _pending_calls(messages)
         return runner.StepResult(Run.Status.FAILED, error=f"the agent took more than {MAX_TURNS} turns")
 
     def _run_calls(
         self, run: Run, calls: list[dict[str, Any]], results: dict[str, str]
     ) -> list[runner.Pause]:
-        """Run every call that has no result yet; return the pauses of those that interrupt."""
+        """Run every call that has no result yet; return the pauses of those that interrupt.
+
+        An interrupt's answer applies to the call it was shown for, identified by turn,
+        position, action and arguments (never by the model's id alone, which some servers
+        reuse across turns): any other call runs without it, and pauses again if it asks."""
         allowed = set(run.driver_state["tools"])
+        turn = _turn(run.driver_state["messages"])
+        decided = {
+            json.dumps(it.binding, sort_keys=True): it
+            for it in run.interrupts.filter(status__in=[Interrupt.Status.APPROVED, Interrupt.Status.REJECTED])
+            .exclude(binding={})
+            .order_by("seq")
+        }
         pauses = []
-        for call in calls:
+        for position, call in enumerate(calls):
             call_id = call["id"]
             if call_id in results:
                 continue  # finished earlier in this turn: never run twice
             name = call.get("function", {}).get("name", "")
-            last = run.interrupts.filter(tool_call_id=call_id).order_by("-seq").first()
-            if last is not None and last.status == Interrupt.Status.REJECTED:
-                results[call_id] = f"error: rejected by {last.decided_by_name}: {last.reason}"
-                continue
             if name not in allowed:
                 results[call_id] = f"error: there is no tool named {name!r}"
                 continue
             try:
-                arguments = json.loads(call["function"].get("arguments") or "{}")
+                arguments = _arguments(call)
             except json.JSONDecodeError:
                 results[call_id] = "error: the arguments are not valid JSON"
+                continue
+            binding = runner.call_binding(name, arguments, turn=turn, position=position)
+            last = decided.get(json.dumps(binding, sort_keys=True))
+            if last is not None and last.status == Interrupt.Status.REJECTED:
+                results[call_id] = f"error: rejected by {last.decided_by_name}: {last.reason}"
                 continue
             resumption = None
             if last is not None and last.status == Interrupt.Status.APPROVED:
@@ -233,11 +276,16 @@ class AgentDriver(runner.Driver):
             if isinstance(outcome, Interrupted):
                 pauses.append(
                     runner.Pause(
-                        outcome.message, outcome.data, outcome.state, tool_call_id=call_id, action=name
+                        outcome.message,
+                        outcome.data,
+                        outcome.state,
+                        tool_call_id=call_id,
+                        action=name,
+                        binding=binding,
                     )
                 )
             else:
-                results[call_id] = _result_text(outcome)
+                results[call_id] = _result_text(run.pk, outcome)
         return pauses
 
 

@@ -184,6 +184,13 @@ def not_allowed(request: HttpRequest, exc: runner.NotAllowed) -> HttpResponse:
     return api.create_response(request, {"detail": str(exc)}, status=403)
 
 
+@api.exception_handler(runner.Busy)
+def busy(request: HttpRequest, exc: runner.Busy) -> HttpResponse:
+    response = api.create_response(request, {"detail": str(exc)}, status=503)
+    response["Retry-After"] = "1"
+    return response
+
+
 @api.exception_handler(runner.InvalidInput)
 def invalid_input(request: HttpRequest, exc: runner.InvalidInput) -> HttpResponse:
     return api.create_response(request, {"detail": exc.errors, "message": str(exc)}, status=422)

@@ -70,6 +70,11 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
             groups = await self.team_groups()
             changed = set(groups) != set(self.groups_joined)
             await self.join(groups)
+            if self.watched_run is not None and not await self.may_see_run(self.watched_run):
+                # Removed from the run's team: its frames stop with the right to see it.
+                await self.channel_layer.group_discard(live.run_group(self.watched_run), self.channel_name)
+                self.watched_run = None
+                await self.send_json({"event": "watching", "run_id": None})
             if changed:
                 await self.send_json({"event": "hello", "teams": len(groups)})
 

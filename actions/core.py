@@ -15,7 +15,7 @@ import inspect
 import json
 import math
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar, TypeAlias
 
@@ -123,6 +123,9 @@ class ApprovalPolicy:
     approvals: int = 1
     # Usernames: only they may decide. Empty: any member of the team.
     assignees: tuple[str, ...] = ()
+    # False: whoever started the run may not approve its pauses (separation of duties). On by
+    # default: an agent's user approving its agent's calls, an API caller answering its own run.
+    requester_may_approve: bool = True
 
     def __post_init__(self) -> None:
         if self.approvals < 1:
@@ -217,6 +220,15 @@ def action(
 
     def decorate(execute: Execute) -> Action:
         doc = inspect.getdoc(execute) or ""
+        if policy is not None and policy.default_answer is not None and answer is not None:
+            # Refused where it is declared, not months later when a deadline passes.
+            try:
+                answer.model_validate(policy.default_answer)
+            except ValidationError as exc:
+                errors = _describe_errors(field_errors(exc))
+                named = name or execute.__name__
+                problem = f"the default_answer of {named} does not fit its answer model: {errors}"
+                raise TypeError(problem) from None
         act = Action(
             name=name or execute.__name__,
             execute=execute,
@@ -247,6 +259,10 @@ class Failed:
     error: str
     # Pydantic's error list when the input was invalid, for callers that show field errors.
     field_errors: list[dict[str, Any]] | None = None
+    # True when the action raised something other than ActionError: ``error`` is then the raw
+    # exception text, which may carry anything (a path, a DSN). A driver shows its callers a
+    # stable message instead, and keeps the text for the server's log and the admin.
+    unexpected: bool = field(default=False, compare=False)
 
 
 Outcome: TypeAlias = Completed | Interrupted | Failed
@@ -304,7 +320,7 @@ def invoke(
     except ActionError as exc:
         return Failed(str(exc))
     except Exception as exc:
-        return Failed(f"{type(exc).__name__}: {exc}")
+        return Failed(f"{type(exc).__name__}: {exc}", unexpected=True)
 
     if isinstance(result, BaseModel):
         result = result.model_dump(mode="json")

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from actions.core import ActionContext, ActionError, ActionInterrupt, action
+from actions.core import ActionContext, ActionError, ActionInterrupt, ApprovalPolicy, action
 from actions.sandbox import script_action
 
 
@@ -40,7 +40,8 @@ class TransferInput(BaseModel):
 SECOND_CONFIRMATION_ABOVE = 1000
 
 
-@action(input=TransferInput)
+# Money and irreversible deletions: whoever asked may not also approve (separation of duties).
+@action(input=TransferInput, policy=ApprovalPolicy(requester_may_approve=False))
 def transfer_funds(ctx: ActionContext) -> dict[str, Any]:
     """Transfer money. Above 1,000 EUR a second confirmation is required."""
     details = {"amount": ctx.input.amount, "to": ctx.input.to}
@@ -76,7 +77,7 @@ class DeletionAnswer(BaseModel):
     ticket: str = Field(min_length=3, max_length=50, description="Ticket that authorises this")
 
 
-@action(input=CustomerInput, answer=DeletionAnswer)
+@action(input=CustomerInput, answer=DeletionAnswer, policy=ApprovalPolicy(requester_may_approve=False))
 def delete_customer_data(ctx: ActionContext) -> dict[str, Any]:
     """Irreversibly delete a customer's data. The reviewer must retype the customer id."""
     customer_id = ctx.input.customer_id

@@ -158,6 +158,17 @@ def history(request: HttpRequest) -> HttpResponse:
     return render(request, "actions/history.html", context)
 
 
+# A cell a spreadsheet would run as a formula (OWASP "CSV injection"): prefixed with a quote,
+# which spreadsheets show as text. Reviewer text, messages and names are all somebody's input.
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
+def neutralise(value: Any) -> Any:
+    if isinstance(value, str) and value.startswith(FORMULA_PREFIXES):
+        return "'" + value
+    return value
+
+
 class _Echo:
     def write(self, value: str) -> str:
         return value
@@ -168,7 +179,8 @@ def _csv_rows(interrupts: QuerySet[Interrupt]) -> Iterator[str]:
     yield writer.writerow(CSV_COLUMNS)
     for it in interrupts.iterator(chunk_size=2000):
         yield writer.writerow(
-            [
+            neutralise(cell)
+            for cell in [
                 it.pk,
                 it.run_id,
                 it.seq,

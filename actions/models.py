@@ -141,6 +141,10 @@ class Run(models.Model):
         settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
     )
     started_by_name = models.CharField(max_length=150, blank=True)
+    # The API token that started it, if one did: separation of duties tells a token's own runs apart.
+    started_by_token = models.ForeignKey(
+        "ApiToken", models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
+    )
     # Driver-specific, server-side state: an agent's conversation, a script's source and call log.
     driver_state = models.JSONField(default=dict, blank=True)
     # A claimed step holds a lease; the sweeper re-queues a step whose lease ran out (a dead worker).
@@ -162,6 +166,7 @@ class Run(models.Model):
             ),
             where_set("finished_at", "run_finished"),
             where_set("started_by", "run_started_by"),
+            where_set("started_by_token", "run_started_by_token"),
         ]
 
     def __str__(self) -> str:
@@ -211,6 +216,10 @@ class Interrupt(models.Model):
     state = models.JSONField(null=True, blank=True)
     # For agent runs: the suspended tool call this interrupt belongs to.
     tool_call_id = models.CharField(max_length=200, blank=True)
+    # Exactly which call its answer is for, so that the answer resumes that call and no other:
+    # an agent's turn, position, action and argument hash; a script's position, action and
+    # argument hash; a plain action's name. See actions.runner.call_binding.
+    binding = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
     answer = models.JSONField(null=True, blank=True)
     reason = models.TextField(blank=True)
@@ -230,6 +239,8 @@ class Interrupt(models.Model):
     escalated_at = models.DateTimeField(null=True, blank=True)
     approvals_required = models.PositiveSmallIntegerField(default=1)
     assignees = models.JSONField(default=list, blank=True)
+    # Off: whoever started the run may not approve it (separation of duties).
+    requester_may_approve = models.BooleanField(default=True)
 
     class Meta:
         # By the run's id, not the run: ordering by a foreign key orders by the related model's
@@ -300,15 +311,25 @@ def _short(value: Any) -> str:
 
 
 class Approval(models.Model):
-    """One person's approval of an interrupt that needs several (N-of-M)."""
+    """One person's approval of an interrupt that needs several (N-of-M).
+
+    Approvals count towards one answer. An approval with a different answer supersedes the
+    ones before it (they are kept, for the transcript) and the count starts again from it."""
 
     interrupt = models.ForeignKey(Interrupt, models.CASCADE, related_name="approvals")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, models.PROTECT, related_name="+")
     answer = models.JSONField(null=True, blank=True)
     at = models.DateTimeField(default=timezone.now)
+    superseded_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["interrupt", "user"], name="one_approval_per_person")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["interrupt", "user"],
+                name="one_counted_approval_per_person",
+                condition=models.Q(superseded_at__isnull=True),
+            )
+        ]
 
 
 class Policy(models.Model):
@@ -324,6 +345,11 @@ class Policy(models.Model):
     escalate_to = models.ForeignKey(Team, models.SET_NULL, null=True, blank=True, related_name="+")
     approvals_required = models.PositiveSmallIntegerField(default=1)
     assignees = models.CharField(max_length=500, blank=True, help_text="Usernames, comma-separated")
+    requester_may_approve = models.BooleanField(
+        null=True,
+        blank=True,
+        help_text="Whether whoever started a run may approve it. Empty: as the action declares.",
+    )
 
     class Meta:
         verbose_name_plural = "policies"
@@ -358,6 +384,8 @@ class RunEvent(models.Model):
         EXPIRED = "expired"
         ESCALATED = "escalated"
         CHECKPOINT_VIEWED = "checkpoint_viewed"
+        # An action raised something unexpected: the exception text and the id callers were told.
+        ERROR = "error"
 
     run = models.ForeignKey(Run, models.CASCADE, related_name="events")
     interrupt = models.ForeignKey(

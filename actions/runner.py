@@ -10,17 +10,22 @@ browsers) happens after commit. The statements every run goes through are writte
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import logging
+import random
+import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from functools import wraps
+from typing import Any, ParamSpec, TypeVar
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
@@ -90,7 +95,46 @@ class NotCancellable(EngineError):
 
 
 class NotAllowed(EngineError):
-    """The caller may see this interrupt but not decide it (assignment, N-of-M rules)."""
+    """The caller may see this interrupt but not decide it (assignment, N-of-M rules,
+    separation of duties)."""
+
+
+class Busy(EngineError):
+    """A change lost to concurrent changes more often than it is retried. Nothing changed."""
+
+
+# Transient conflicts a transaction may lose to another (PostgreSQL's deadlock_detected and
+# serialization_failure): the loser is rolled back whole, so running it again is safe.
+RETRYABLE_SQLSTATES = frozenset({"40P01", "40001"})
+RETRIES = 5
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _is_conflict(exc: OperationalError) -> bool:
+    cause = exc.__cause__
+    return getattr(cause, "sqlstate", None) in RETRYABLE_SQLSTATES
+
+
+def retry_on_conflict(change: Callable[P, R]) -> Callable[P, R]:
+    """Run an engine change again when the database rolled it back for a deadlock or a
+    serialization failure. Only the outermost transaction can be retried: inside a caller's
+    own ``atomic()`` block the conflict goes up to it."""
+
+    @wraps(change)
+    def retrying(*args: P.args, **kwargs: P.kwargs) -> R:
+        for attempt in range(1, RETRIES + 1):
+            try:
+                return change(*args, **kwargs)
+            except OperationalError as exc:
+                if not _is_conflict(exc) or connection.in_atomic_block:
+                    raise
+                logger.info("%s lost a conflict (attempt %s): %s", change.__name__, attempt, exc)
+                time.sleep(random.uniform(0, 0.02 * attempt))
+        raise Busy("the change met concurrent changes too often; nothing was changed, try again")
+
+    return retrying
 
 
 MAX_NESTING = 32
@@ -279,6 +323,7 @@ def start_run(
             consumer=consumer,
             started_by=actor_user(by),
             started_by_name=actor_name(by),
+            started_by_token=by if isinstance(by, ApiToken) else None,
             driver_state=driver_state or {},
         )
         if _inline():
@@ -302,9 +347,10 @@ def effective_policy(team_id: int, action_name: str) -> ApprovalPolicy:
     overrides = store.fetch(
         Policy, "SELECT * FROM actions_policy WHERE team_id = %s AND action = %s", [team_id, action_name]
     )
+    act = registry.find(action_name)
+    declared = act.policy if act is not None else ApprovalPolicy()
     if not overrides:
-        act = registry.find(action_name)
-        return act.policy if act is not None else ApprovalPolicy()
+        return declared
 
     def minutes(value: int | None) -> timedelta | None:
         return timedelta(minutes=value) if value else None
@@ -319,6 +365,9 @@ def effective_policy(team_id: int, action_name: str) -> ApprovalPolicy:
         else None,
         approvals=override.approvals_required or 1,
         assignees=tuple(name.strip() for name in override.assignees.split(",") if name.strip()),
+        requester_may_approve=declared.requester_may_approve
+        if override.requester_may_approve is None
+        else override.requester_may_approve,
     )
 
 
@@ -332,6 +381,7 @@ def _policy_fields(team_id: int, action_name: str, now: Any) -> dict[str, Any]:
         "escalate_to_id": escalate_to.pk if escalate_to else None,
         "approvals_required": policy.approvals,
         "assignees": list(policy.assignees),
+        "requester_may_approve": policy.requester_may_approve,
     }
 
 
@@ -348,6 +398,31 @@ def may_decide(by: Actor, interrupt: Interrupt) -> bool:
     if not by.is_authenticated or not Team.objects.filter(pk__in=interrupt.team_ids, members=by.pk).exists():
         return False
     return not interrupt.assignees or by.get_username() in interrupt.assignees
+
+
+SEPARATION_OF_DUTIES = (
+    "Separation of duties: whoever started a run may not approve it "
+    "(requester_may_approve is off for {action})."
+)
+
+
+def separation_of_duties(by: Actor, interrupt: Interrupt) -> str:
+    """Why ``by`` may not approve ``interrupt`` because they started its run, or "".
+    Rejecting stays open to them: it is how a requester withdraws."""
+    if interrupt.requester_may_approve or by is None:
+        return ""
+    starter = (
+        Run.objects.filter(pk=interrupt.run_id).values_list("started_by_id", "started_by_token_id").first()
+    )
+    if starter is None:
+        return ""
+    started_by_id, token_id = starter
+    own = (
+        token_id == by.pk
+        if isinstance(by, ApiToken)
+        else started_by_id is not None and started_by_id == by.pk
+    )
+    return SEPARATION_OF_DUTIES.format(action=interrupt.action) if own else ""
 
 
 def why_not(by: Actor, interrupt: Interrupt) -> str:
@@ -373,6 +448,7 @@ def validate_answer(interrupt: Interrupt, data: Any) -> Any:
         raise InvalidAnswer("the answer does not fit the action's answer schema", field_errors(exc)) from None
 
 
+@retry_on_conflict
 def _decide(
     interrupt: Interrupt,
     status: str,
@@ -395,9 +471,13 @@ def _decide(
             raise AlreadyDecided(current)
         if not policy and not may_decide(by, current):
             raise NotAllowed(why_not(by, current))
-        needs_more = status == Interrupt.Status.APPROVED and current.approvals_required > 1 and not policy
-        if needs_more and not _count_approval(run, current, by, answer):
-            return current
+        if not policy and status == Interrupt.Status.APPROVED and (rule := separation_of_duties(by, current)):
+            raise NotAllowed(rule)
+        if status == Interrupt.Status.APPROVED and current.approvals_required > 1 and not policy:
+            agreed = _count_approval(run, current, by, answer)
+            if agreed is None:
+                return current
+            answer = agreed
         # The conditional UPDATE is the decision: of two reviewers clicking at once, exactly one
         # changes a pending row; the other changes nothing and is told who won.
         user = actor_user(by)
@@ -465,31 +545,59 @@ def _lock_run(run_id: int) -> Run:
     return run
 
 
-def _count_approval(run: Run, interrupt: Interrupt, by: Actor, answer: Any) -> bool:
-    """Record one of N required approvals; True when this one completes them."""
+def agreement_key(action_name: str, answer: Any) -> str:
+    """What two approvals must share to count towards the same answer. With the plain
+    approve form, each person's comment is their own: only the decision counts. A typed answer
+    counts whole: approving "notify the customer" is not approving "do not"."""
+    act = registry.find(action_name)
+    if (act is None or act.answer_model is None) and isinstance(answer, dict) and "approved" in answer:
+        answer = {key: value for key, value in answer.items() if key != "comment"}
+    return arguments_hash(answer)
+
+
+def counted_approvals(interrupt: Interrupt) -> list[Approval]:
+    """The approvals that count now: all for the same answer, oldest first."""
+    return list(interrupt.approvals.filter(superseded_at=None).select_related("user").order_by("at", "id"))
+
+
+def _count_approval(run: Run, interrupt: Interrupt, by: Actor, answer: Any) -> Any | None:
+    """Record one of N required approvals. Returns the answer to resume with when this one
+    completes N approvals of the same answer, else None.
+
+    N approvals count towards one answer: an approval whose answer differs from the ones
+    counted so far supersedes them (they stay, for the transcript) and the count starts again
+    from it, so the run never receives an answer that fewer than N people approved."""
     user = actor_user(by)
     if user is None:
         raise NotAllowed(why_not(by, interrupt))
-    if interrupt.approvals.filter(user=user).exists():
+    counted = counted_approvals(interrupt)
+    if any(approval.user_id == user.pk for approval in counted):
         raise NotAllowed(
             f"You already approved this; it needs {interrupt.approvals_required} different people."
         )
+    superseded: list[str] = []
+    if counted and agreement_key(interrupt.action, counted[0].answer) != agreement_key(
+        interrupt.action, answer
+    ):
+        superseded = [approval.user.get_username() for approval in counted]
+        Approval.objects.filter(pk__in=[approval.pk for approval in counted]).update(
+            superseded_at=timezone.now()
+        )
+        counted = []
     Approval.objects.create(interrupt=interrupt, user=user, answer=answer)
-    count = interrupt.approvals.count()
+    count = len(counted) + 1
+    interrupt.count_restarted = superseded  # type: ignore[attr-defined]
     if count >= interrupt.approvals_required:
-        return True
-    _log(
-        run,
-        RunEvent.Kind.APPROVED,
-        by,
-        interrupt,
-        seq=interrupt.seq,
-        approvals=count,
-        of=interrupt.approvals_required,
-    )
+        return answer
+    detail: dict[str, Any] = {"seq": interrupt.seq, "approvals": count, "of": interrupt.approvals_required}
+    if superseded:
+        # Said in the log as on the page: the earlier approvals were for another answer.
+        detail["restarted"] = True
+        detail["superseded"] = superseded
+    _log(run, RunEvent.Kind.APPROVED, by, interrupt, **detail)
     for team_id in interrupt.team_ids:
         _push_after_commit(team_id, "approval", run_id=run.pk, interrupt_id=interrupt.pk, status="pending")
-    return False
+    return None
 
 
 def _queue_if_nothing_pending(run: Run, interrupt: Interrupt) -> None:
@@ -550,18 +658,27 @@ def reject(interrupt: Interrupt, reason: str, by: Actor) -> Interrupt:
 
 
 def _finish_with_pending_cancelled(run: Run, status: str, *, error: str = "", by: Actor = None) -> None:
+    """End the run; its interrupts still pending are cancelled, and every inbox that shows one
+    (its team's, and a team's it escalated to) is told."""
     now = timezone.now()
-    run.interrupts.filter(status=Interrupt.Status.PENDING).update(
+    pending = list(Interrupt.objects.filter(run_id=run.pk, status=Interrupt.Status.PENDING))
+    Interrupt.objects.filter(pk__in=[it.pk for it in pending], status=Interrupt.Status.PENDING).update(
         status=Interrupt.Status.CANCELLED,
         decided_at=now,
         decided_by=actor_user(by),
         decided_by_name=actor_name(by),
     )
+    for it in pending:
+        for team_id in it.team_ids:
+            _push_after_commit(
+                team_id, "decided", run_id=run.pk, interrupt_id=it.pk, status=Interrupt.Status.CANCELLED
+            )
     Run.objects.filter(pk=run.pk).update(
         status=status, error=error, finished_at=now, updated_at=now, lease_expires_at=None
     )
 
 
+@retry_on_conflict
 def cancel(run: Run, by: Actor) -> None:
     with _atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
@@ -575,6 +692,31 @@ def cancel(run: Run, by: Actor) -> None:
 # Executing a step (what a worker does)
 
 
+def arguments_hash(arguments: Any) -> str:
+    """The SHA-256 of the arguments' canonical JSON: equal for equal values, whatever the
+    order of their keys or spacing."""
+    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def call_binding(
+    action: str, arguments: Any = None, *, turn: int | None = None, position: int | None = None
+) -> dict[str, Any]:
+    """What an approval is bound to: the call it was shown for, and no other.
+
+    A driver passes what identifies its calls (an agent: the turn and position of the tool
+    call; a script: the position in its call log) and the arguments; a plain action, its name
+    only (each of its steps pauses at most once, and an answer resumes the step after it)."""
+    binding: dict[str, Any] = {"action": action}
+    if turn is not None:
+        binding["turn"] = turn
+    if position is not None:
+        binding["position"] = position
+    if turn is not None or position is not None:
+        binding["arguments_sha256"] = arguments_hash(arguments)
+    return binding
+
+
 @dataclass(frozen=True)
 class Pause:
     message: str
@@ -582,6 +724,8 @@ class Pause:
     state: Any
     tool_call_id: str = ""
     action: str = ""
+    # The call it pauses (call_binding): its answer resumes only a call with the same binding.
+    binding: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -607,17 +751,46 @@ class Driver:
 DRIVERS: dict[str, Driver] = {}
 
 
-def last_resumption(run: Run) -> ActionResumption | None:
-    """The answer and checkpoint of the run's latest interrupt, if it was approved."""
+def last_resumption(run: Run, binding: dict[str, Any]) -> ActionResumption | None:
+    """The answer and checkpoint of the run's latest interrupt, if it was approved for the
+    call ``binding`` names. An answer given for another call resumes nothing: that call pauses
+    again and asks its own question."""
     latest = store.fetch(
         Interrupt,
-        "SELECT id, status, answer, state FROM actions_interrupt WHERE run_id = %s ORDER BY seq DESC LIMIT 1",
+        "SELECT id, status, answer, state, binding FROM actions_interrupt"
+        " WHERE run_id = %s ORDER BY seq DESC LIMIT 1",
         [run.pk],
     )
     last = latest[0] if latest else None
     if last is None or last.status != Interrupt.Status.APPROVED:
         return None
+    if last.binding != binding:
+        logger.warning(
+            "run %s: the answer to interrupt %s was given for %s, not for %s; not resuming with it",
+            run.pk,
+            last.pk,
+            last.binding,
+            binding,
+        )
+        return None
     return ActionResumption(data=last.answer, state=last.state)
+
+
+def public_error(run_id: int | None, outcome: Failed) -> str:
+    """What callers are told of a failed action. An unexpected exception's text may carry
+    anything (a path, a DSN, a key): it goes to the server's log and, as an ``error`` event,
+    to the admin, under an id that the caller's stable message names."""
+    if not outcome.unexpected:
+        return outcome.error
+    return report_internal_error(run_id, outcome.error)
+
+
+def report_internal_error(run_id: int | None, text: str) -> str:
+    error_id = uuid.uuid4().hex[:12]
+    logger.error("run %s: internal error %s: %s", run_id, error_id, text)
+    if run_id is not None:
+        _log(run_id, RunEvent.Kind.ERROR, None, error_id=error_id, exception=text)
+    return f"the action failed with an internal error (error id {error_id}; details in the server log)"
 
 
 def pending_interrupts(run_id: int) -> list[Interrupt]:
@@ -635,16 +808,18 @@ def step_action(action_name: str, input: Any, resumption: ActionResumption | Non
     if isinstance(outcome, Completed):
         return StepResult(Status.COMPLETED, output=outcome.output)
     if isinstance(outcome, Interrupted):
-        pause = Pause(outcome.message, outcome.data, outcome.state, action=action_name)
+        binding = call_binding(action_name)
+        pause = Pause(outcome.message, outcome.data, outcome.state, action=action_name, binding=binding)
         return StepResult(Status.INTERRUPTED, pauses=[pause])
     assert isinstance(outcome, Failed)
-    return StepResult(Status.FAILED, error=outcome.error)
+    return StepResult(Status.FAILED, error=public_error(run_id, outcome))
 
 
 # What a step needs of its run: it reads nothing else of it.
 CLAIMED_COLUMNS = "id, action, input, team_id, consumer, status, attempt, driver_state"
 
 
+@retry_on_conflict
 def execute_step(run_id: int) -> None:
     """Claim the run's queued step, run it, and record how it ended. Idempotent."""
     now = timezone.now()
@@ -675,16 +850,23 @@ def _execute_claimed(run: Run, resumption: ActionResumption | None | Unread = UN
             result = driver.step(run)
         else:
             if resumption is UNREAD:
-                resumption = last_resumption(run)
+                resumption = last_resumption(run, call_binding(run.action))
             result = step_action(run.action, run.input, resumption, run.pk)
     except Exception as exc:
         logger.exception("step of run %s crashed in the engine", run.pk)
-        result = StepResult(Status.FAILED, error=f"internal error: {type(exc).__name__}: {exc}")
+        result = StepResult(
+            Status.FAILED, error=report_internal_error(run.pk, f"{type(exc).__name__}: {exc}")
+        )
     record(run, result)
 
 
+@retry_on_conflict
 def record(run: Run, result: StepResult) -> None:
     now = timezone.now()
+    if result.status == Status.INTERRUPTED and not result.pauses:
+        # Nothing to answer would leave the run waiting forever: a driver's defect, said so.
+        logger.error("run %s: a step reported interrupted with no pause", run.pk)
+        result = StepResult(Status.FAILED, error="the step paused without saying on what (an engine defect)")
     with _atomic():
         # Only the holder of the current lease may record: if the sweeper re-queued this run
         # (we were presumed dead) and another worker claimed it, our late result is dropped.
@@ -721,6 +903,7 @@ def record(run: Run, result: StepResult) -> None:
                     data=pause.data,
                     state=pause.state,
                     tool_call_id=pause.tool_call_id,
+                    binding=pause.binding or call_binding(action_name),
                     **_policy_fields(run.team_id, action_name, now),
                 )
                 store.insert(interrupt, _next_seq(run.pk))
@@ -786,6 +969,79 @@ def _fail_expired(run: Run, interrupt: Interrupt) -> None:
     )
 
 
+def _fail_invalid_default(message: str) -> Callable[[Run, Interrupt], None]:
+    def fail(run: Run, interrupt: Interrupt) -> None:
+        _finish_with_pending_cancelled(run, Status.FAILED, error=message)
+
+    return fail
+
+
+def _apply_deadline(interrupt: Interrupt) -> None:
+    """The deadline passed: approve with the policy's default answer, validated now as a
+    reviewer's answer would be (the action's answer model may have changed since it was
+    declared), or expire the interrupt and fail the run, saying why."""
+    if interrupt.default_answer is None:
+        _decide(
+            interrupt,
+            Interrupt.Status.EXPIRED,
+            None,
+            reason="deadline passed",
+            then=_fail_expired,
+            policy="deadline policy",
+        )
+        return
+    try:
+        answer = validate_answer(interrupt, interrupt.default_answer)
+    except (InvalidInput, PayloadTooLarge) as exc:
+        errors = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'answer'}: {e['msg']}" for e in getattr(exc, "errors", [])
+        )
+        message = f"the deadline passed and its default answer is invalid: {exc}" + (
+            f" ({errors})" if errors else ""
+        )
+        logger.error("interrupt %s: %s", interrupt.pk, message)
+        _decide(
+            interrupt,
+            Interrupt.Status.EXPIRED,
+            None,
+            reason=message,
+            then=_fail_invalid_default(message),
+            policy="deadline policy",
+        )
+        return
+    _decide(
+        interrupt,
+        Interrupt.Status.APPROVED,
+        None,
+        answer=answer,
+        then=_queue_if_nothing_pending,
+        policy="deadline policy",
+    )
+
+
+@retry_on_conflict
+def _escalate(interrupt: Interrupt, target: Team, now: Any) -> bool:
+    with _atomic():
+        # The run first, then the interrupt: the lock order of every change (see _decide), so an
+        # escalation and a decision of the same interrupt wait for each other, never deadlock.
+        _lock_run(interrupt.run_id)
+        escalated = Interrupt.objects.filter(
+            pk=interrupt.pk, status=Interrupt.Status.PENDING, escalated_at=None
+        ).update(escalated_at=now)
+        if not escalated:
+            return False
+        _log(interrupt.run_id, RunEvent.Kind.ESCALATED, None, interrupt, to=target.slug)
+        for team_id in (interrupt.team_id, target.pk):
+            _push_after_commit(
+                team_id,
+                "interrupt",
+                run_id=interrupt.run_id,
+                interrupt_id=interrupt.pk,
+                status="pending",
+            )
+    return True
+
+
 def apply_policies(now: Any = None) -> int:
     """Fire due deadlines and escalations. Each is a conditional change on a pending
     interrupt, so it happens once, and a reviewer deciding at the same moment either wins
@@ -794,24 +1050,7 @@ def apply_policies(now: Any = None) -> int:
     count = 0
     for interrupt in Interrupt.objects.filter(status=Interrupt.Status.PENDING, expires_at__lte=now):
         try:
-            if interrupt.default_answer is not None:
-                _decide(
-                    interrupt,
-                    Interrupt.Status.APPROVED,
-                    None,
-                    answer=interrupt.default_answer,
-                    then=_queue_if_nothing_pending,
-                    policy="deadline policy",
-                )
-            else:
-                _decide(
-                    interrupt,
-                    Interrupt.Status.EXPIRED,
-                    None,
-                    reason="deadline passed",
-                    then=_fail_expired,
-                    policy="deadline policy",
-                )
+            _apply_deadline(interrupt)
             count += 1
         except AlreadyDecided:
             pass  # a reviewer was first
@@ -821,19 +1060,6 @@ def apply_policies(now: Any = None) -> int:
     for interrupt in due:
         target = interrupt.escalate_to
         assert target is not None
-        with _atomic():
-            escalated = Interrupt.objects.filter(
-                pk=interrupt.pk, status=Interrupt.Status.PENDING, escalated_at=None
-            ).update(escalated_at=now)
-            if escalated:
-                _log(interrupt.run_id, RunEvent.Kind.ESCALATED, None, interrupt, to=target.slug)
-                for team_id in (interrupt.team_id, target.pk):
-                    _push_after_commit(
-                        team_id,
-                        "interrupt",
-                        run_id=interrupt.run_id,
-                        interrupt_id=interrupt.pk,
-                        status="pending",
-                    )
-                count += 1
+        if _escalate(interrupt, target, now):
+            count += 1
     return count

@@ -216,7 +216,7 @@ def _call(
         raise SandboxInterrupt(outcome, log, position, name, arguments)
     if isinstance(outcome, Completed):
         return {**entry, "result": outcome.output}
-    return {**entry, "error": outcome.error}
+    return {**entry, "error": runner.public_error(run_id, outcome)}
 
 
 def start_script(source: str, input: Any, team: Any, by: Any) -> Run:  # noqa: A002
@@ -226,21 +226,26 @@ def start_script(source: str, input: Any, team: Any, by: Any) -> Run:  # noqa: A
     )
 
 
+def _binding(paused: dict[str, Any]) -> dict[str, Any]:
+    """What the answer to a paused call is bound to: its position, action and arguments."""
+    return runner.call_binding(paused["action"], paused["input"], position=paused["position"])
+
+
 class SandboxDriver(runner.Driver):
     def step(self, run: Run) -> runner.StepResult:
         state = run.driver_state
         paused = state.get("paused")
-        resumption = runner.last_resumption(run) if paused else None
+        resumption = runner.last_resumption(run, _binding(paused)) if paused else None
         try:
             output, state["call_log"] = run_script(
                 state["source"], state["input"], state["call_log"], paused, resumption, run.pk
             )
         except SandboxInterrupt as pause:
             state["call_log"], state["paused"] = pause.call_log, pause.paused
-            return runner.StepResult(
-                Run.Status.INTERRUPTED,
-                pauses=[runner.Pause(pause.message, pause.data, pause.state, action=pause.action)],
+            pause_of = runner.Pause(
+                pause.message, pause.data, pause.state, action=pause.action, binding=_binding(pause.paused)
             )
+            return runner.StepResult(Run.Status.INTERRUPTED, pauses=[pause_of])
         except ScriptError as exc:
             state["call_log"], state["paused"] = exc.call_log, None
             return runner.StepResult(Run.Status.FAILED, error=str(exc))

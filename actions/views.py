@@ -59,7 +59,8 @@ def _get_run_for_user(user: User, pk: int) -> Run:
 
 
 def _can_decide(user: User, interrupt: Interrupt) -> bool:
-    return runner.may_decide(user, interrupt) and not interrupt.approvals.filter(user=user).exists()
+    counted = interrupt.approvals.filter(user=user, superseded_at=None)
+    return runner.may_decide(user, interrupt) and not counted.exists()
 
 
 # Inbox
@@ -97,23 +98,35 @@ def inbox(request: AuthenticatedRequest) -> HttpResponse:
 # One interrupt and its decision
 
 
-def _answer_form(interrupt: Interrupt, data: Any = None) -> SchemaForm | ApprovalForm:
+def _answer_form(interrupt: Interrupt, data: Any = None, agreed: Any = None) -> SchemaForm | ApprovalForm:
+    """The approval form; with the answer approved so far (N-of-M) filled in, so confirming it
+    is one click and changing it is a visible choice."""
     act = registry.find(interrupt.action)
     if act is not None and act.answer_model is not None:
-        return form_for_schema(act.answer_schema() or {})(data, prefix="answer")
+        initial = agreed if isinstance(agreed, dict) else None
+        return form_for_schema(act.answer_schema() or {})(data, prefix="answer", initial=initial)
     return ApprovalForm(data, prefix="answer")
 
 
 def _decision_context(request: AuthenticatedRequest, interrupt: Interrupt, **extra: Any) -> dict[str, Any]:
     can_decide = _can_decide(request.user, interrupt)
-    approvals = list(interrupt.approvals.select_related("user").order_by("at"))
+    approvals = runner.counted_approvals(interrupt) if interrupt.is_pending else []
+    # Under separation of duties the requester may still reject (withdraw), not approve.
+    may_not_approve = runner.separation_of_duties(request.user, interrupt) if can_decide else ""
     context = {
         "interrupt": interrupt,
         "can_decide": can_decide,
+        "can_approve": can_decide and not may_not_approve,
+        "may_not_approve": may_not_approve,
         "approvals": approvals,
+        # What the approvals so far agreed on: a later approver sees it, and confirms it or
+        # starts the count again with another answer.
+        "agreed_answer": approvals[0].answer if approvals else None,
         "you_approved": any(a.user_id == request.user.pk for a in approvals),
         "why_not": runner.why_not(request.user, interrupt),
-        "answer_form": _answer_form(interrupt) if can_decide else None,
+        "answer_form": _answer_form(interrupt, agreed=approvals[0].answer if approvals else None)
+        if can_decide
+        else None,
         "reject_form": RejectForm(prefix="reject") if can_decide else None,
     }
     context.update(extra)
@@ -167,7 +180,7 @@ def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     if not form.is_valid():
         return _render_decision(request, interrupt, status=422, answer_form=form)
     try:
-        runner.resume(interrupt, form.payload(), request.user)
+        decided = runner.resume(interrupt, form.payload(), request.user)
     except runner.InvalidInput as exc:
         form.add_model_errors(exc.errors)
         return _render_decision(request, interrupt, status=422, answer_form=form)
@@ -178,6 +191,18 @@ def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
         return _render_decision(request, exc.interrupt, status=409, error=f"Not approved: {exc}.")
     except runner.NotAllowed as exc:
         return _render_decision(request, interrupt, status=403, error=str(exc))
+    except runner.Busy as exc:
+        return _render_decision(request, interrupt, status=503, error=str(exc))
+    restarted = getattr(decided, "count_restarted", None)
+    if decided.is_pending and restarted:
+        text = (
+            f"Your answer differs from the one {', '.join(restarted)} approved, so the count starts "
+            f"again from yours: 1 of {decided.approvals_required} approvals."
+        )
+        return _decided(request, interrupt, text)
+    if decided.is_pending:
+        count = len(runner.counted_approvals(decided))
+        return _decided(request, interrupt, f"Approved: {count} of {decided.approvals_required} approvals.")
     return _decided(request, interrupt, f"Approved “{interrupt.message}”.")
 
 
@@ -197,6 +222,10 @@ def reject(request: AuthenticatedRequest, pk: int) -> HttpResponse:
         return _render_decision(request, interrupt, status=422, reject_form=form, open_reject=True)
     except runner.AlreadyDecided as exc:
         return _render_decision(request, exc.interrupt, status=409, error=f"Not rejected: {exc}.")
+    except runner.NotAllowed as exc:
+        return _render_decision(request, interrupt, status=403, error=str(exc))
+    except runner.Busy as exc:
+        return _render_decision(request, interrupt, status=503, error=str(exc))
     return _decided(request, interrupt, f"Rejected “{interrupt.message}”.")
 
 
@@ -210,11 +239,17 @@ def _timeline(run: Run) -> list[RunEvent]:
 def _conversation(run: Run, interrupts: list[Interrupt]) -> list[dict[str, Any]]:
     """An agent's messages for display, each tool call with its parsed arguments and its latest
     interrupt, if it paused."""
-    latest = {it.tool_call_id: it for it in interrupts if it.tool_call_id}
+    # Each call with the latest interrupt of its turn and position (ids may repeat across turns).
+    latest = {
+        (it.binding.get("turn"), it.binding.get("position")): it for it in interrupts if it.tool_call_id
+    }
     shown = []
+    turn = -1
     for message in run.driver_state.get("messages", []):
         calls = []
-        for call in message.get("tool_calls") or []:
+        if message.get("role") == "assistant":
+            turn += 1
+        for position, call in enumerate(message.get("tool_calls") or []):
             function = call.get("function", {})
             try:
                 arguments = json.loads(function.get("arguments") or "{}")
@@ -225,7 +260,7 @@ def _conversation(run: Run, interrupts: list[Interrupt]) -> list[dict[str, Any]]
                     "id": call.get("id"),
                     "name": function.get("name"),
                     "arguments": arguments,
-                    "interrupt": latest.get(call.get("id")),
+                    "interrupt": latest.get((turn, position)),
                 }
             )
         shown.append(

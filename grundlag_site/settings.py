@@ -7,10 +7,12 @@ Set ``DATABASE_URL`` and ``REDIS_URL`` to scale out (see README, "Deploying at s
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import sqlite3
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "channels",
+    "axes",
     "actions",
 ]
 
@@ -85,6 +88,14 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "actions.middleware.DatabaseUnavailableMiddleware",
+    # Last, as django-axes asks: it turns its lock-out signal into the lock-out response.
+    "axes.middleware.AxesMiddleware",
+]
+
+AUTHENTICATION_BACKENDS = [
+    # First: refuses a locked-out (username, address) pair before any password is checked.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 ROOT_URLCONF = "grundlag_site.urls"
@@ -218,9 +229,27 @@ SECURE_PROXY_SSL_HEADER = (
 )
 X_FRAME_OPTIONS = "DENY"
 
-# Login throttling: this many failures per username or per address lock it out for a while.
+# Login throttling (django-axes, actions/auth.py): this many failures of one username from one
+# client address lock that pair out for a while. Other users, and the same user from elsewhere,
+# log in as usual. Attempts and lock-outs are rows in the database (admin: Axes).
 GRUNDLAG_LOGIN_ATTEMPTS = envint("GRUNDLAG_LOGIN_ATTEMPTS", "5", minimum=1)
 GRUNDLAG_LOGIN_LOCKOUT_SECONDS = envint("GRUNDLAG_LOGIN_LOCKOUT_SECONDS", "900", minimum=1)
+AXES_FAILURE_LIMIT = GRUNDLAG_LOGIN_ATTEMPTS
+AXES_COOLOFF_TIME = timedelta(seconds=GRUNDLAG_LOGIN_LOCKOUT_SECONDS)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_USERNAME_CALLABLE = "actions.auth.login_username"
+AXES_CLIENT_IP_CALLABLE = "actions.auth.client_ip"
+AXES_LOCKOUT_CALLABLE = "actions.auth.locked_out"
+AXES_VERBOSE = False
+# The proxies whose X-Forwarded-For names the client (addresses or networks, comma-separated).
+# The default trusts a proxy on this machine, as deploy/ sets it up; empty trusts none.
+try:
+    TRUSTED_PROXY_NETWORKS = [
+        ipaddress.ip_network(item, strict=False) for item in envlist("TRUSTED_PROXIES", "127.0.0.1,::1")
+    ]
+except ValueError as exc:
+    raise ImproperlyConfigured(f"TRUSTED_PROXIES must list addresses or networks: {exc}") from None
 # The throttle's counters live in the cache: shared through Redis when there is one.
 CACHES = (
     {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}

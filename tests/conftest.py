@@ -34,6 +34,15 @@ def reviewer(team: Team) -> User:
 
 
 @pytest.fixture
+def requester(team: Team) -> User:
+    """A member of the team who starts runs (and, where the policy separates duties, may not
+    approve them)."""
+    user = User.objects.create_user("requester1", password="pw-requester1")
+    team.members.add(user)
+    return user
+
+
+@pytest.fixture
 def second_reviewer(team: Team) -> User:
     user = User.objects.create_user("reviewer2", password="pw-reviewer2")
     team.members.add(user)

@@ -9,7 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.test import Client
 
-from actions.models import ApiToken, Run, Team
+from actions.models import ApiToken, Policy, Run, Team
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,6 +31,13 @@ class Api:
         return self.client.post(
             f"/api{path}", json.dumps(body), content_type="application/json", headers=self._headers(wait)
         )
+
+
+@pytest.fixture
+def requester_approves(team: Team) -> None:
+    """The team lets a caller answer the runs it started, of the demo actions that separate duties."""
+    for name in ("transfer_funds", "delete_customer_data"):
+        Policy.objects.create(team=team, action=name, requester_may_approve=True)
 
 
 @pytest.fixture
@@ -70,7 +77,7 @@ def test_a_run_is_answered_over_http_and_completes(api: Api) -> None:
     assert resumed.json()["interrupt"] is None
 
 
-def test_the_run_has_its_transcript_in_order(api: Api) -> None:
+def test_the_run_has_its_transcript_in_order(api: Api, requester_approves: None) -> None:
     run = api.post("/runs", {"action": "transfer_funds", "input": {"amount": 2000, "to": "X"}}).json()
     second = api.post(f"/interrupts/{run['interrupt']['id']}/resume", {"data": {"approved": True}}).json()
     api.post(f"/interrupts/{second['interrupt']['id']}/reject", {"error": "limit exceeded"})
@@ -94,7 +101,9 @@ def test_a_second_decision_is_409_naming_who_decided(api: Api) -> None:
     assert again.json()["decided_by"] == "API token ci"
 
 
-def test_an_answer_that_does_not_fit_is_422_with_field_errors_and_changes_nothing(api: Api) -> None:
+def test_an_answer_that_does_not_fit_is_422_with_field_errors_and_changes_nothing(
+    api: Api, requester_approves: None
+) -> None:
     run = api.post("/runs", {"action": "delete_customer_data", "input": {"customer_id": "c"}}).json()
     url = f"/interrupts/{run['interrupt']['id']}/resume"
     response = api.post(url, {"data": {"confirm_customer_id": "c"}})
@@ -150,7 +159,7 @@ def test_without_prefer_wait_the_response_does_not_wait(api: Api) -> None:
     assert set(response.json()) == {"id", "action", "consumer", "status", "output", "error", "interrupt"}
 
 
-def test_state_never_appears_in_any_response(api: Api) -> None:
+def test_state_never_appears_in_any_response(api: Api, requester_approves: None) -> None:
     run = api.post("/runs", {"action": "transfer_funds", "input": {"amount": 5000, "to": "X"}}).json()
     second = api.post(f"/interrupts/{run['interrupt']['id']}/resume", {"data": {"marker": "SECRET-FIRST"}})
     # The first answer is now the second interrupt's private checkpoint.

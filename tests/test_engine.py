@@ -87,9 +87,9 @@ def test_a_run_pauses_once_and_completes_with_the_answer(team: Team, reviewer: U
 
 
 def test_two_pauses_carry_the_checkpoint_from_the_first_to_the_second(
-    team: Team, reviewer: User, second_reviewer: User
+    requester: User, team: Team, reviewer: User, second_reviewer: User
 ) -> None:
-    run = start(team, reviewer, "transfer_funds", amount=5000.0, to="DE12")
+    run = start(team, requester, "transfer_funds", amount=5000.0, to="DE12")
     runner.resume(pending(run), {"approved": True, "by": "first"}, reviewer)
     second = pending(run)
     assert second.seq == 2
@@ -105,14 +105,14 @@ def test_two_pauses_carry_the_checkpoint_from_the_first_to_the_second(
 
 
 def test_small_transfer_needs_one_approval_and_a_declining_answer_fails_the_run(
-    team: Team, reviewer: User
+    requester: User, team: Team, reviewer: User
 ) -> None:
-    small = start(team, reviewer, "transfer_funds", amount=10.0, to="DE12")
+    small = start(team, requester, "transfer_funds", amount=10.0, to="DE12")
     runner.resume(pending(small), {"approved": True}, reviewer)
     small.refresh_from_db()
     assert small.output == {"transferred": True, "answers": [{"approved": True}]}
 
-    declined = start(team, reviewer, "transfer_funds", amount=10.0, to="DE12")
+    declined = start(team, requester, "transfer_funds", amount=10.0, to="DE12")
     runner.resume(pending(declined), {"approved": False}, reviewer)
     declined.refresh_from_db()
     assert (declined.status, declined.error) == ("failed", "transfer declined")
@@ -139,8 +139,10 @@ def test_reject_without_a_reason_is_refused_and_changes_nothing(team: Team, revi
     assert pending(run).status == "pending"
 
 
-def test_an_answer_that_does_not_fit_the_answer_model_changes_nothing(team: Team, reviewer: User) -> None:
-    run = start(team, reviewer, "delete_customer_data", customer_id="cus_1")
+def test_an_answer_that_does_not_fit_the_answer_model_changes_nothing(
+    requester: User, team: Team, reviewer: User
+) -> None:
+    run = start(team, requester, "delete_customer_data", customer_id="cus_1")
     interrupt = pending(run)
     with pytest.raises(runner.InvalidAnswer) as caught:
         runner.resume(interrupt, {"confirm_customer_id": "cus_1", "scope": "all of it"}, reviewer)
@@ -152,8 +154,8 @@ def test_an_answer_that_does_not_fit_the_answer_model_changes_nothing(team: Team
     assert "approved" not in kinds(run)
 
 
-def test_a_typed_answer_that_does_not_match_pauses_again(team: Team, reviewer: User) -> None:
-    run = start(team, reviewer, "delete_customer_data", customer_id="cus_1")
+def test_a_typed_answer_that_does_not_match_pauses_again(requester: User, team: Team, reviewer: User) -> None:
+    run = start(team, requester, "delete_customer_data", customer_id="cus_1")
     runner.resume(pending(run), {"confirm_customer_id": "cus_2", "ticket": "T-9"}, reviewer)
     again = pending(run)
     assert again.seq == 2 and isinstance(again.data, dict)
@@ -281,8 +283,10 @@ def test_an_inline_step_that_dies_before_recording_is_handed_on_when_its_lease_r
     assert kinds(run) == ["started", "claimed", "requeued", "claimed", "interrupted"]
 
 
-def test_pending_interrupts_are_the_undecided_ones_in_order(team: Team, reviewer: User) -> None:
-    run = start(team, reviewer, "transfer_funds", amount=5000.0, to="DE12")
+def test_pending_interrupts_are_the_undecided_ones_in_order(
+    requester: User, team: Team, reviewer: User
+) -> None:
+    run = start(team, requester, "transfer_funds", amount=5000.0, to="DE12")
     (first,) = runner.pending_interrupts(run.pk)
     runner.resume(first, {"approved": True}, reviewer)
     (second,) = runner.pending_interrupts(run.pk)

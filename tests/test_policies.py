@@ -134,9 +134,11 @@ def test_four_eyes_needs_two_different_people_and_any_reject_rejects(
         and "You already approved this; it needs 2 different people." in again.content.decode()
     )
 
-    runner.resume(interrupt, {"approved": True, "by": "second"}, second_reviewer)
+    # Each approver's comment is their own: the decision they agree on is "approved".
+    runner.resume(interrupt, {"approved": True, "comment": "checked the ledger"}, second_reviewer)
     run = Run.objects.get(pk=interrupt.run_id)
-    assert run.status == "completed" and run.output == {"answer": {"approved": True, "by": "second"}}
+    assert run.status == "completed"
+    assert run.output == {"answer": {"approved": True, "comment": "checked the ledger"}}
     assert list(interrupt.approvals.values_list("user__username", flat=True).order_by("at")) == [
         "reviewer1",
         "reviewer2",

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
+from django.db import close_old_connections
 
 from actions import runner
 
@@ -82,9 +83,19 @@ def sweep_periodically(stop: threading.Event) -> None:
     ticks = 0
     while not stop.wait(POLICY_EVERY_SECONDS):
         ticks += 1
-        try:
-            runner.apply_policies()
-            if ticks % int(SWEEP_EVERY_SECONDS / POLICY_EVERY_SECONDS) == 0:
-                runner.sweep()
-        except Exception:
-            logger.exception("periodic engine work failed")
+        run_periodic_tick(sweep=ticks % int(SWEEP_EVERY_SECONDS / POLICY_EVERY_SECONDS) == 0)
+
+
+def run_periodic_tick(*, sweep: bool) -> None:
+    """One round of the periodic work, as a request would do it: a connection that died since
+    the last round (a restarted PostgreSQL) is dropped first and opened anew, so one failure
+    does not stop deadlines and sweeps until the process restarts."""
+    close_old_connections()
+    try:
+        runner.apply_policies()
+        if sweep:
+            runner.sweep()
+    except Exception:
+        logger.exception("periodic engine work failed")
+    finally:
+        close_old_connections()

@@ -1,0 +1,80 @@
+"""Login throttling (django-axes): failures of one username from one client address lock that
+pair out; the client's address comes from X-Forwarded-For only through a trusted proxy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PROXY = "127.0.0.1"  # trusted by default (TRUSTED_PROXIES)
+WRONG = "Please enter a correct username and password"
+
+
+@pytest.fixture(autouse=True)
+def _three_attempts(settings: Any) -> None:
+    settings.AXES_FAILURE_LIMIT = 3
+
+
+def login(username: str, password: str, *, peer: str = PROXY, forwarded: str | None = None) -> Any:
+    extra = {"REMOTE_ADDR": peer}
+    if forwarded is not None:
+        extra["HTTP_X_FORWARDED_FOR"] = forwarded
+    return Client().post("/login/", {"username": username, "password": password}, **extra)
+
+
+def test_repeated_failures_lock_the_username_at_that_address_with_a_clear_page(reviewer: User) -> None:
+    for _ in range(2):
+        assert WRONG in login("reviewer1", "wrong", forwarded="203.0.113.5").content.decode()
+    assert login("reviewer1", "wrong", forwarded="203.0.113.5").status_code == 429, "the third locks"
+    refused = login("reviewer1", "pw-reviewer1", forwarded="203.0.113.5")
+    assert refused.status_code == 429
+    assert "Too many failed attempts. Wait 15 minutes" in refused.content.decode()
+    assert 'name="username"' in refused.content.decode(), "the login page, not a bare error"
+    call_command("axes_reset")
+    assert login("reviewer1", "pw-reviewer1", forwarded="203.0.113.5").status_code == 302
+
+
+def test_behind_the_proxy_one_clients_failures_lock_out_no_one_else(
+    reviewer: User, second_reviewer: User
+) -> None:
+    for _ in range(5):
+        login("reviewer1", "wrong", forwarded="203.0.113.5")
+    assert login("reviewer1", "pw-reviewer1", forwarded="198.51.100.7").status_code == 302
+    assert login("reviewer2", "pw-reviewer2", forwarded="203.0.113.5").status_code == 302
+    assert login("reviewer1", "pw-reviewer1", forwarded="203.0.113.5").status_code == 429
+
+
+def test_a_client_that_is_not_a_trusted_proxy_cannot_choose_its_address(reviewer: User) -> None:
+    for n in range(3):
+        login("reviewer1", "wrong", peer="192.0.2.9", forwarded=f"10.0.0.{n}")
+    assert login("reviewer1", "pw-reviewer1", peer="192.0.2.9", forwarded="10.0.0.99").status_code == 429
+    assert login("reviewer1", "pw-reviewer1", peer="192.0.2.10").status_code == 302
+
+
+def test_a_forged_hop_before_the_proxy_does_not_choose_the_address_either(reviewer: User) -> None:
+    """The client writes the left of the header; the proxy appends the address it saw."""
+    for n in range(3):
+        login("reviewer1", "wrong", forwarded=f"10.9.9.{n}, 203.0.113.5")
+    assert login("reviewer1", "pw-reviewer1", forwarded="10.9.9.99, 203.0.113.5").status_code == 429
+
+
+def test_look_alike_usernames_share_one_counter(reviewer: User) -> None:
+    for name in ("ｒeviewer1", "Reviewer1", " reviewer1"):  # a full-width r, a capital, a space
+        login(name, "wrong", forwarded="203.0.113.5")
+    assert login("reviewer1", "pw-reviewer1", forwarded="203.0.113.5").status_code == 429
+
+
+def test_admin_logins_are_throttled_too(db: Any) -> None:
+    User.objects.create_superuser("root", password="pw-root-1234")
+    for _ in range(3):
+        Client().post("/admin/login/", {"username": "root", "password": "x"}, REMOTE_ADDR="192.0.2.1")
+    refused = Client().post(
+        "/admin/login/", {"username": "root", "password": "pw-root-1234"}, REMOTE_ADDR="192.0.2.1"
+    )
+    assert refused.status_code == 429
