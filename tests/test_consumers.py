@@ -181,6 +181,23 @@ async def test_removal_from_a_team_stops_its_pushes_without_a_reconnect(
     await communicator.disconnect()
 
 
+async def test_a_run_page_socket_stops_hearing_the_run_when_its_user_leaves_the_team(
+    team: Team, reviewer: User, settings: Any
+) -> None:
+    settings.GRUNDLAG_SOCKET_RECHECK_SECONDS = 1
+    first = await start_invoice(team)
+    _, cookie = await session_cookie(reviewer)
+    communicator = await connect_with_session(cookie)
+    await communicator.send_to(text_data=json.dumps({"watch_run": first.run_id}))
+    assert await communicator.receive_json_from() == {"event": "watching", "run_id": first.run_id}
+    await database_sync_to_async(team.members.remove)(reviewer)
+    frames = [await communicator.receive_json_from(timeout=5) for _ in range(2)]
+    assert {"event": "watching", "run_id": None} in frames
+    await database_sync_to_async(runner.cancel)(Run(pk=first.run_id), None)
+    assert await communicator.receive_nothing(timeout=0.5), "nothing of the run reaches it any more"
+    await communicator.disconnect()
+
+
 async def test_inbox_sockets_hear_interrupts_but_only_run_pages_hear_run_steps(
     team: Team, reviewer: User, outsider: User
 ) -> None:

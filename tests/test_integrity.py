@@ -5,11 +5,13 @@ may be kept from approving it. Each through the surface a user touches: the API,
 from __future__ import annotations
 
 import json
+import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from django.test import Client
 from django.utils import timezone
 from pydantic import BaseModel, Field
@@ -392,3 +394,89 @@ def test_cancelling_a_run_tells_the_inbox_of_the_team_it_escalated_to(
         if event == "decided"
     }
     assert told == {(team.pk, interrupt.pk, "cancelled"), (other_team.pk, interrupt.pk, "cancelled")}
+
+
+# 5. One lock order: the run, then its interrupt
+
+
+def test_escalations_racing_decisions_all_land_once_without_a_deadlock(
+    team: Team, other_team: Team, reviewer: User
+) -> None:
+    """On PostgreSQL (tests/integration/test_postgresql.py runs this module there) a decision
+    locks the run and then updates the interrupt; an escalation that updated the interrupt and
+    then touched the run (its event's foreign key) deadlocked with it. Both take the run first."""
+    Policy.objects.create(team=team, action="send_invoice", escalate_after_minutes=1, escalate_to=other_team)
+    runs = [
+        runner.start_run("send_invoice", {"invoice_id": f"R-{n}", "amount": 1}, team, None) for n in range(12)
+    ]
+    interrupts = [runner.pending_interrupts(run.pk)[0] for run in runs]
+    errors: list[BaseException] = []
+    start = threading.Barrier(3)
+
+    def escalate() -> None:
+        try:
+            start.wait()
+            for _ in range(3):
+                runner.apply_policies(now=timezone.now() + timedelta(minutes=2))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    def decide(chosen: list[Interrupt]) -> None:
+        try:
+            start.wait()
+            for interrupt in chosen:
+                runner.resume(interrupt, {"approved": True}, reviewer)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [
+        threading.Thread(target=escalate),
+        threading.Thread(target=decide, args=(interrupts[0::2],)),
+        threading.Thread(target=decide, args=(interrupts[1::2],)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert set(Run.objects.filter(pk__in=[r.pk for r in runs]).values_list("status", flat=True)) == {
+        "completed"
+    }
+    for interrupt in interrupts:
+        kinds = list(RunEvent.objects.filter(interrupt=interrupt).values_list("kind", flat=True))
+        assert kinds.count("approved") == 1 and kinds.count("escalated") <= 1
+
+
+def test_a_deadlock_is_retried_and_never_reported_as_the_database_being_unavailable() -> None:
+    """The database rolls the loser of a deadlock back whole; the engine runs it again."""
+    from django.db import OperationalError
+    from psycopg import errors as pg
+
+    attempts: list[int] = []
+
+    @runner.retry_on_conflict
+    def change() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise OperationalError("deadlock detected") from pg.DeadlockDetected("deadlock detected")
+        return "done"
+
+    assert change() == "done" and len(attempts) == 3
+
+    @runner.retry_on_conflict
+    def always() -> None:
+        raise OperationalError("could not serialize") from pg.SerializationFailure("could not serialize")
+
+    with pytest.raises(runner.Busy, match="nothing was changed, try again"):
+        always()
+
+    @runner.retry_on_conflict
+    def gone() -> None:
+        raise OperationalError("connection refused")
+
+    with pytest.raises(OperationalError):
+        gone()  # not a conflict: "database unavailable" is the truth here

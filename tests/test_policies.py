@@ -204,3 +204,18 @@ def test_a_team_policy_in_the_admin_overrides_the_actions(team: Team, second_rev
     runner.apply_policies(now=later(6))
     interrupt.refresh_from_db()
     assert interrupt.status == "expired"
+
+
+def test_the_embedded_periodic_loop_survives_a_dropped_database_connection(team: Team) -> None:
+    """`make run`'s own loop fires deadlines; a connection that died (a restarted PostgreSQL)
+    is replaced on the next round instead of failing every round until a restart."""
+    from actions.management.commands.serve import run_periodic_tick
+
+    interrupt = start(team, "policy_expiring")
+    Interrupt.objects.filter(pk=interrupt.pk).update(expires_at=timezone.now() - timedelta(minutes=1))
+    connection.ensure_connection()
+    assert connection.connection is not None
+    connection.connection.close()  # the server went away under us
+    run_periodic_tick(sweep=True)
+    interrupt.refresh_from_db()
+    assert interrupt.status == "expired"

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
-from django.core.cache import cache
 from django.core.management import call_command
 from django.test import Client
 from pydantic import BaseModel

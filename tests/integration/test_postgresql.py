@@ -10,7 +10,13 @@ from tests.integration.services import Postgres
 
 pytestmark = pytest.mark.integration
 
-MODULES = ["tests/test_store.py", "tests/test_engine.py", "tests/test_policies.py", "tests/test_agent.py"]
+MODULES = [
+    "tests/test_store.py",
+    "tests/test_engine.py",
+    "tests/test_policies.py",
+    "tests/test_agent.py",
+    "tests/test_integrity.py",
+]
 
 
 def test_the_engine_tests_pass_on_postgresql(postgres: Postgres) -> None:
