@@ -22,7 +22,7 @@ def _three_attempts(settings: Any) -> None:
 
 
 def login(username: str, password: str, *, peer: str = PROXY, forwarded: str | None = None) -> Any:
-    extra = {"REMOTE_ADDR": peer}
+    extra: dict[str, Any] = {"REMOTE_ADDR": peer}
     if forwarded is not None:
         extra["HTTP_X_FORWARDED_FOR"] = forwarded
     return Client().post("/login/", {"username": username, "password": password}, **extra)
