@@ -86,6 +86,11 @@ class TranscriptEntry(Schema):
     seq: int
     message: str
     data: Any
+    call: dict[str, Any] | None = Field(
+        None,
+        description="The call this pause (and its answer) is bound to: action, and for agents and "
+        "scripts its turn and/or position and arguments_sha256",
+    )
     status: str
     answer: Any
     reason: str
@@ -255,6 +260,7 @@ def transcript_entry(it: Interrupt) -> dict[str, Any]:
         "seq": it.seq,
         "message": it.message,
         "data": it.data,
+        "call": it.binding or None,
         "status": it.status,
         "answer": it.answer,
         "reason": it.reason,

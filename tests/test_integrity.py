@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 from django.utils import timezone
 from pydantic import BaseModel, Field
@@ -65,6 +66,11 @@ def test_an_approval_is_not_replayed_for_a_later_call_that_reuses_its_tool_call_
     detail = client.get(f"/api/agents/runs/{run['id']}", headers=bearer(token_key)).json()
     results = [m["content"] for m in detail["messages"] if m["role"] == "tool"]
     assert len(results) == 1 and '"invoice_id": "A"' in results[0], "only A was sent"
+    calls = [entry["call"] for entry in detail["transcript"]]
+    assert [(c["action"], c["turn"], c["position"]) for c in calls] == [
+        ("send_invoice", 0, 0),
+        ("send_invoice", 1, 0),
+    ]
     first, second = Interrupt.objects.filter(run_id=run["id"]).order_by("seq")
     assert first.binding["turn"] == 0 and second.binding["turn"] == 1
     assert first.binding["position"] == second.binding["position"] == 0
@@ -451,6 +457,54 @@ def test_escalations_racing_decisions_all_land_once_without_a_deadlock(
     for interrupt in interrupts:
         kinds = list(RunEvent.objects.filter(interrupt=interrupt).values_list("kind", flat=True))
         assert kinds.count("approved") == 1 and kinds.count("escalated") <= 1
+
+
+def test_an_escalation_waits_for_the_run_lock_before_it_touches_the_interrupt(
+    team: Team, other_team: Team
+) -> None:
+    """The lock order, shown directly: while another transaction holds the run (as a decision
+    does), an escalation of its interrupt waits without having locked or changed the interrupt."""
+    Policy.objects.create(team=team, action="send_invoice", escalate_after_minutes=1, escalate_to=other_team)
+    run = runner.start_run("send_invoice", {"invoice_id": "L-1", "amount": 1}, team, None)
+    (interrupt,) = runner.pending_interrupts(run.pk)
+    locked, release, errors = threading.Event(), threading.Event(), []
+
+    def hold_the_run() -> None:
+        try:
+            with transaction.atomic():
+                runner._lock_run(run.pk)
+                locked.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    def escalate() -> None:
+        try:
+            runner.apply_policies(now=timezone.now() + timedelta(minutes=2))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    holder, escalation = threading.Thread(target=hold_the_run), threading.Thread(target=escalate)
+    holder.start()
+    assert locked.wait(10)
+    escalation.start()
+    time.sleep(0.5)
+    try:
+        assert Interrupt.objects.get(pk=interrupt.pk).escalated_at is None
+        if connection.vendor == "postgresql":
+            with transaction.atomic(), connection.cursor() as cursor:
+                # Raises LockNotAvailable if the escalation had locked the interrupt first.
+                cursor.execute(
+                    "SELECT id FROM actions_interrupt WHERE id = %s FOR UPDATE NOWAIT", [interrupt.pk]
+                )
+    finally:
+        release.set()
+        holder.join(10)
+        escalation.join(30)
+    assert errors == []
+    assert Interrupt.objects.get(pk=interrupt.pk).escalated_at is not None
 
 
 def test_a_deadlock_is_retried_and_never_reported_as_the_database_being_unavailable() -> None:
