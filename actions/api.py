@@ -27,7 +27,7 @@ from actions.agent import ModelError, start_agent
 from actions.core import UnknownAction, registry
 from actions.middleware import UNAVAILABLE
 from actions.models import ApiToken, Interrupt, Run
-from actions.sandbox import start_script
+from actions.sandbox import SandboxUnavailable, start_script
 
 
 class TokenAuth(HttpBearer):
@@ -187,6 +187,11 @@ def already_decided(request: HttpRequest, exc: runner.AlreadyDecided) -> HttpRes
 @api.exception_handler(runner.NotAllowed)
 def not_allowed(request: HttpRequest, exc: runner.NotAllowed) -> HttpResponse:
     return api.create_response(request, {"detail": str(exc)}, status=403)
+
+
+@api.exception_handler(SandboxUnavailable)
+def sandbox_unavailable(request: HttpRequest, exc: SandboxUnavailable) -> HttpResponse:
+    return api.create_response(request, {"detail": str(exc)}, status=503)
 
 
 @api.exception_handler(runner.Busy)
@@ -447,7 +452,7 @@ def read_agent_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
 
 @api.post(
     "/scripts/runs",
-    response={200: RunOut, 202: RunOut, 413: Error, 422: Error},
+    response={200: RunOut, 202: RunOut, 413: Error, 422: Error, 503: Error},
     tags=["scripts"],
 )
 async def create_script_run(request: HttpRequest, payload: ScriptRunIn) -> Status[dict[str, Any]]:

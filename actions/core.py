@@ -65,6 +65,31 @@ def json_problem(value: Any, path: str = "$") -> str | None:
     return f"{path} is a {type(value).__name__}, which is not JSON-serialisable"
 
 
+# How deeply a stored value may nest. Pages, exports and the admin render what is stored; an
+# attacker chooses the depth of what they send, so it is bounded where anything is stored.
+MAX_NESTING = 32
+
+
+def value_problem(value: Any, max_depth: int = MAX_NESTING) -> tuple[str, list[Any]] | None:
+    """("too_deep", path) or ("not_finite", path) for the first place ``value`` cannot be
+    stored, or None. Walked without recursion: the depth is the caller's choice."""
+    stack: list[tuple[Any, list[Any]]] = [(value, [])]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return ("not_finite", path)
+        if isinstance(item, dict):
+            children: list[tuple[Any, Any]] = list(item.items())
+        elif isinstance(item, (list, tuple)):
+            children = list(enumerate(item))
+        else:
+            continue
+        if len(path) >= max_depth:
+            return ("too_deep", path)
+        stack.extend((child, [*path, key]) for key, child in reversed(children))
+    return None
+
+
 class ActionError(Exception):
     """Raised by an action to fail its run with exactly this message (no exception type)."""
 

@@ -11,6 +11,22 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+from actions.core import value_problem
+
+TOO_DEEP = "(too deep to show)"
+
+
+class JSONField(models.JSONField):
+    """Django's JSONField, whose rows load whatever was stored. A value nested too deeply to
+    decode (stored before every value was bounded, or by hand) loads as a placeholder, so that
+    the pages, lists and admin that show its row still answer."""
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        try:
+            return super().from_db_value(value, expression, connection)
+        except RecursionError:
+            return TOO_DEEP
+
 
 def where_set(field: str, name: str) -> models.Index:
     """An index of the rows whose nullable ``field`` is set. Engine writes leave most of these
@@ -130,12 +146,12 @@ class Run(models.Model):
     FINISHED = (Status.COMPLETED, Status.FAILED, Status.REJECTED, Status.CANCELLED)
 
     action = models.CharField(max_length=200)
-    input = models.JSONField(default=dict)
+    input = JSONField(default=dict)
     # Indexed by run_team_created, which starts with it.
     team = models.ForeignKey(Team, models.PROTECT, related_name="runs", db_index=False)
     consumer = models.CharField(max_length=20, choices=Consumer.choices, default=Consumer.API)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED)
-    output = models.JSONField(null=True, blank=True)
+    output = JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
     started_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
@@ -146,7 +162,7 @@ class Run(models.Model):
         "ApiToken", models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
     )
     # Driver-specific, server-side state: an agent's conversation, a script's source and call log.
-    driver_state = models.JSONField(default=dict, blank=True)
+    driver_state = JSONField(default=dict, blank=True)
     # A claimed step holds a lease; the sweeper re-queues a step whose lease ran out (a dead worker).
     attempt = models.PositiveIntegerField(default=0)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
@@ -211,17 +227,17 @@ class Interrupt(models.Model):
     team = models.ForeignKey(Team, models.PROTECT, related_name="interrupts", db_index=False)
     action = models.CharField(max_length=200)
     message = models.TextField()
-    data = models.JSONField(null=True, blank=True)
+    data = JSONField(null=True, blank=True)
     # The action's private checkpoint. Never rendered, serialised or pushed; see tests/test_state_privacy.py.
-    state = models.JSONField(null=True, blank=True)
+    state = JSONField(null=True, blank=True)
     # For agent runs: the suspended tool call this interrupt belongs to.
     tool_call_id = models.CharField(max_length=200, blank=True)
     # Exactly which call its answer is for, so that the answer resumes that call and no other:
     # an agent's turn, position, action and argument hash; a script's position, action and
     # argument hash; a plain action's name. See actions.runner.call_binding.
-    binding = models.JSONField(default=dict, blank=True)
+    binding = JSONField(default=dict, blank=True)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
-    answer = models.JSONField(null=True, blank=True)
+    answer = JSONField(null=True, blank=True)
     reason = models.TextField(blank=True)
     decided_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
@@ -231,14 +247,14 @@ class Interrupt(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     # Its policy, fixed when it was created (see ApprovalPolicy).
     expires_at = models.DateTimeField(null=True, blank=True)
-    default_answer = models.JSONField(null=True, blank=True)
+    default_answer = JSONField(null=True, blank=True)
     escalate_at = models.DateTimeField(null=True, blank=True)
     escalate_to = models.ForeignKey(
         Team, models.SET_NULL, null=True, blank=True, related_name="escalated_interrupts", db_index=False
     )
     escalated_at = models.DateTimeField(null=True, blank=True)
     approvals_required = models.PositiveSmallIntegerField(default=1)
-    assignees = models.JSONField(default=list, blank=True)
+    assignees = JSONField(default=list, blank=True)
     # Off: whoever started the run may not approve it (separation of duties).
     requester_may_approve = models.BooleanField(default=True)
 
@@ -307,6 +323,8 @@ class Interrupt(models.Model):
 def _short(value: Any) -> str:
     if isinstance(value, str):
         return value
+    if value_problem(value) is not None:
+        return "(too deep to show)"
     return json.dumps(value, ensure_ascii=False)
 
 
@@ -318,7 +336,7 @@ class Approval(models.Model):
 
     interrupt = models.ForeignKey(Interrupt, models.CASCADE, related_name="approvals")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, models.PROTECT, related_name="+")
-    answer = models.JSONField(null=True, blank=True)
+    answer = JSONField(null=True, blank=True)
     at = models.DateTimeField(default=timezone.now)
     superseded_at = models.DateTimeField(null=True, blank=True)
 
@@ -338,7 +356,7 @@ class Policy(models.Model):
     team = models.ForeignKey(Team, models.CASCADE, related_name="policies")
     action = models.CharField(max_length=200)
     deadline_minutes = models.PositiveIntegerField(null=True, blank=True)
-    default_answer = models.JSONField(
+    default_answer = JSONField(
         null=True, blank=True, help_text="Applied at the deadline. Empty: the interrupt expires instead."
     )
     escalate_after_minutes = models.PositiveIntegerField(null=True, blank=True)
@@ -396,7 +414,7 @@ class RunEvent(models.Model):
         settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
     )
     actor_name = models.CharField(max_length=150, blank=True)
-    detail = models.JSONField(default=dict, blank=True)
+    detail = JSONField(default=dict, blank=True)
     at = models.DateTimeField(default=timezone.now)
 
     objects = RunEventQuerySet.as_manager()

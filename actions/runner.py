@@ -31,6 +31,7 @@ from pydantic import ValidationError
 
 from actions import live, store
 from actions.core import (
+    MAX_NESTING,
     ActionResumption,
     ApprovalPolicy,
     Completed,
@@ -39,6 +40,7 @@ from actions.core import (
     field_errors,
     invoke,
     registry,
+    value_problem,
 )
 from actions.models import (
     Actor,
@@ -137,32 +139,23 @@ def retry_on_conflict(change: Callable[P, R]) -> Callable[P, R]:
     return retrying
 
 
-MAX_NESTING = 32
-
-
-def _depth(value: Any) -> int:
-    """How deeply ``value`` nests, counted without recursion (an attacker chooses the depth)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        if isinstance(item, (list, tuple)):
-            deepest = max(deepest, depth)
-            if depth > MAX_NESTING:
-                break
-            stack.extend((child, depth + 1) for child in item)
-    return deepest
-
-
-def check_size(what: str, value: Any) -> None:
-    """Refuse a payload that is too large or too deeply nested to store and render safely."""
-    if _depth(value) > MAX_NESTING:
-        raise InvalidInput(
-            f"{what} nests deeper than {MAX_NESTING} levels",
-            [{"loc": [], "msg": f"nested deeper than {MAX_NESTING} levels", "type": "too_deep"}],
+def check_size(what: str, value: Any, *, limit: int | None = None) -> None:
+    """Refuse a value that cannot be stored and shown safely: nested deeper than MAX_NESTING
+    (pages, exports and the admin render it), a number JSON has no word for (NaN, Infinity:
+    the database's JSON check refuses them), or larger than GRUNDLAG_MAX_PAYLOAD_BYTES."""
+    if problem := value_problem(value):
+        kind, path = problem
+        msg = (
+            f"nested deeper than {MAX_NESTING} levels"
+            if kind == "too_deep"
+            else "NaN and Infinity are not JSON numbers"
         )
-    limit = settings.GRUNDLAG_MAX_PAYLOAD_BYTES
+        where = "".join(f"[{step!r}]" if isinstance(step, int) else f".{step}" for step in path)
+        raise InvalidInput(
+            f"{what}{' at ' + where.lstrip('.') if where else ''}: {msg}",
+            [{"loc": list(path), "msg": msg, "type": kind}],
+        )
+    limit = settings.GRUNDLAG_MAX_PAYLOAD_BYTES if limit is None else limit
     size = len(json.dumps(value, ensure_ascii=False).encode())
     if size > limit:
         raise PayloadTooLarge(f"{what} is {size} bytes; the limit is {limit} bytes")
@@ -860,6 +853,29 @@ def _execute_claimed(run: Run, resumption: ActionResumption | None | Unread = UN
     record(run, result)
 
 
+# A driver's state (an agent's conversation, a script's call log) grows with the run.
+DRIVER_STATE_LIMIT_FACTOR = 16
+
+
+def _storing_problem(what: str, value: Any, factor: int = 1) -> str:
+    try:
+        check_size(what, value, limit=settings.GRUNDLAG_MAX_PAYLOAD_BYTES * factor)
+    except EngineError as exc:
+        return str(exc)
+    return ""
+
+
+def _result_problem(result: StepResult) -> str:
+    if result.status == Status.COMPLETED:
+        return _storing_problem("the output", result.output)
+    for pause in result.pauses:
+        if problem := _storing_problem("the interrupt's data", pause.data) or _storing_problem(
+            "the checkpoint", pause.state
+        ):
+            return problem
+    return ""
+
+
 @retry_on_conflict
 def record(run: Run, result: StepResult) -> None:
     now = timezone.now()
@@ -867,20 +883,30 @@ def record(run: Run, result: StepResult) -> None:
         # Nothing to answer would leave the run waiting forever: a driver's defect, said so.
         logger.error("run %s: a step reported interrupted with no pause", run.pk)
         result = StepResult(Status.FAILED, error="the step paused without saying on what (an engine defect)")
+    # What is stored is shown on pages, in exports and in the admin: a value too deep (or not
+    # JSON) is refused here, for every driver, and the run fails saying which.
+    state_problem = _storing_problem("the driver's state", run.driver_state, DRIVER_STATE_LIMIT_FACTOR)
+    problem = state_problem or _result_problem(result)
+    if problem:
+        logger.warning("run %s: %s", run.pk, problem)
+        result = StepResult(Status.FAILED, error=f"the step's result cannot be stored: {problem}")
     with _atomic():
         # Only the holder of the current lease may record: if the sweeper re-queued this run
         # (we were presumed dead) and another worker claimed it, our late result is dropped.
         # A running step has no output, error or end yet, so each is set to what this step gave.
         finished = result.status in Run.FINISHED
+        # A driver's state that cannot be stored is not: the run keeps the one it had.
+        state_sql = "driver_state" if state_problem else "%s"
+        state_params = [] if state_problem else [store.Json(run.driver_state)]
         recorded = store.execute(
-            """UPDATE actions_run
-               SET status = %s, updated_at = %s, lease_expires_at = NULL, driver_state = %s,
+            f"""UPDATE actions_run
+               SET status = %s, updated_at = %s, lease_expires_at = NULL, driver_state = {state_sql},
                    output = %s, error = %s, finished_at = %s
                WHERE id = %s AND status = %s AND attempt = %s""",
             [
                 result.status,
                 now,
-                store.Json(run.driver_state),
+                *state_params,
                 store.Json(result.output if result.status == Status.COMPLETED else None),
                 result.error if result.status == Status.FAILED else "",
                 now if finished else None,

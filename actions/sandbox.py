@@ -15,8 +15,11 @@ else at a logged position has diverged, and the run fails saying where and how.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import logging
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -30,6 +33,7 @@ from pydantic import BaseModel
 
 from actions import runner
 from actions.core import (
+    MAX_NESTING,
     Action,
     ActionContext,
     ActionError,
@@ -42,6 +46,8 @@ from actions.core import (
     registry,
 )
 from actions.models import Run
+
+logger = logging.getLogger(__name__)
 
 CHILD = Path(__file__).with_name("sandbox_child.py")
 SCRIPT_ACTION = "script"
@@ -81,12 +87,111 @@ def _describe(name: str, arguments: Any) -> str:
     return f"{name}({json.dumps(arguments, sort_keys=True)})"
 
 
-class _Child:
-    """The script's process, and the time it has used (the actions' time is not its own)."""
+class SandboxUnavailable(runner.EngineError):
+    """Scripts are refused: the OS sandbox cannot start here, and no weaker mode was chosen."""
 
-    def __init__(self) -> None:
+
+def _restricted_python_dir() -> str:
+    import RestrictedPython
+
+    return str(Path(RestrictedPython.__file__).resolve().parent)
+
+
+SITE = "/sandbox/site"
+CHILD_IN_SANDBOX = "/sandbox/child.py"
+
+
+def bwrap_command(python: str) -> list[str]:
+    """bubblewrap around the child: new user, PID, network, IPC, UTS and mount namespaces, as
+    nobody, with a read-only view of the interpreter and of RestrictedPython and nothing else:
+    no project files or database, no /etc, no /home or /root, no parent environment, no
+    network (its namespace has no interface up), and killed with its parent."""
+    prefix = str(Path(sys.base_prefix).resolve())
+    command = [
+        settings.GRUNDLAG_BWRAP,
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop", "ALL",
+        "--uid", "65534",
+        "--gid", "65534",
+        "--clearenv",
+        "--setenv", "PATH", "/usr/bin:/bin",
+        "--ro-bind", "/usr", "/usr",
+    ]  # fmt: skip
+    for link in ("bin", "lib", "lib64", "lib32", "libx32", "sbin"):
+        target = Path("/") / link
+        if target.is_symlink():
+            command += ["--symlink", os.readlink(target), str(target)]
+        elif target.is_dir():
+            command += ["--ro-bind", str(target), str(target)]
+    if not prefix.startswith("/usr/"):
+        command += ["--ro-bind", prefix, prefix]
+    command += [
+        "--ro-bind", str(CHILD), CHILD_IN_SANDBOX,
+        "--ro-bind", _restricted_python_dir(), f"{SITE}/RestrictedPython",
+        "--proc", "/proc",
+        "--dev", "/dev",
+        "--chdir", "/",
+        python,
+    ]  # fmt: skip
+    return command
+
+
+def _interpreter() -> str:
+    # The virtualenv's python is a link into a folder the sandbox does not show: use its target.
+    return str(Path(sys.executable).resolve())
+
+
+@functools.cache
+def _bwrap_problem() -> str:
+    """Why bubblewrap cannot run the child here, or "" when it can. Asked once per process."""
+    try:
+        probe = subprocess.run(
+            [*bwrap_command(_interpreter()), "-I", "-c", "pass"],
+            capture_output=True,
+            timeout=30,
+            env={"PATH": "/usr/bin:/bin"},
+        )
+    except FileNotFoundError:
+        return f"{settings.GRUNDLAG_BWRAP} is not installed"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{settings.GRUNDLAG_BWRAP} failed to start: {exc}"
+    if probe.returncode != 0:
+        return f"{settings.GRUNDLAG_BWRAP} failed: {probe.stderr.decode(errors='replace').strip()[:300]}"
+    return ""
+
+
+def check_isolation() -> None:
+    """Raise SandboxUnavailable when scripts may not run here; warn in the weaker mode."""
+    if settings.GRUNDLAG_SANDBOX_ISOLATION == "none":
+        logger.warning(
+            "GRUNDLAG_SANDBOX_ISOLATION=none: scripts run WITHOUT the OS sandbox "
+            "(language guards, resource limits and a seccomp filter only)"
+        )
+        return
+    if problem := _bwrap_problem():
+        raise SandboxUnavailable(
+            f"scripts are disabled: the OS sandbox cannot start ({problem}). Install Debian's "
+            "bubblewrap package, or set GRUNDLAG_SANDBOX_ISOLATION=none to accept a weaker sandbox"
+        )
+
+
+class _Child:
+    """The script's process, and the time it has used (the actions' time is not its own).
+
+    Every read has the wall-time deadline: at the deadline the child is killed, whatever it
+    writes or withholds (half a line, then silence, holds no thread)."""
+
+    def __init__(self, *, raw_for_tests: bool = False) -> None:
+        check_isolation()
+        flags = ["--raw-for-tests"] if raw_for_tests else []
+        if settings.GRUNDLAG_SANDBOX_ISOLATION == "bwrap":
+            argv = [*bwrap_command(_interpreter()), "-I", CHILD_IN_SANDBOX, SITE, *flags]
+        else:
+            argv = [sys.executable, "-I", str(CHILD), str(Path(_restricted_python_dir()).parent), *flags]
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", str(CHILD)],
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -94,10 +199,23 @@ class _Child:
             cwd="/",
             env={"PATH": "/usr/bin:/bin"},
         )
-        self.budget = float(settings.GRUNDLAG_SANDBOX_WALL_SECONDS)
-        self.selector = selectors.DefaultSelector()
+        self.deadline = time.monotonic() + float(settings.GRUNDLAG_SANDBOX_WALL_SECONDS)
+        self.paused_at: float | None = None
+        self.buffer = b""
         assert self.proc.stdout is not None
-        self.selector.register(self.proc.stdout, selectors.EVENT_READ)
+        self.fd = self.proc.stdout.fileno()
+        os.set_blocking(self.fd, False)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.fd, selectors.EVENT_READ)
+
+    def pause_clock(self) -> None:
+        """An action runs for the script: its time is not the script's."""
+        self.paused_at = time.monotonic()
+
+    def resume_clock(self) -> None:
+        if self.paused_at is not None:
+            self.deadline += time.monotonic() - self.paused_at
+            self.paused_at = None
 
     def send(self, message: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
@@ -107,18 +225,36 @@ class _Child:
         except BrokenPipeError:
             return  # it died; receive() says why
 
+    def _line(self, call_log: list[dict[str, Any]]) -> bytes:
+        limit = settings.GRUNDLAG_MAX_PAYLOAD_BYTES * 2
+        while b"\n" not in self.buffer:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0 or not self.selector.select(timeout=remaining):
+                self.kill()
+                raise ScriptError(
+                    f"the script exceeded its wall time ({settings.GRUNDLAG_SANDBOX_WALL_SECONDS} s)",
+                    call_log,
+                )
+            try:
+                chunk = os.read(self.fd, 65536)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return b""  # it exited
+            self.buffer += chunk
+            if len(self.buffer) > limit and b"\n" not in self.buffer:
+                self.kill()
+                raise ScriptError(f"the script's process sent a message over {limit} bytes", call_log)
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line
+
     def receive(self, call_log: list[dict[str, Any]]) -> dict[str, Any]:
-        started = time.monotonic()
-        ready = self.selector.select(timeout=max(self.budget, 0))
-        self.budget -= time.monotonic() - started
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline(settings.GRUNDLAG_MAX_PAYLOAD_BYTES * 2) if ready else b""
-        if not ready:
-            raise ScriptError(
-                f"the script exceeded its wall time ({settings.GRUNDLAG_SANDBOX_WALL_SECONDS} s)", call_log
-            )
+        line = self._line(call_log)
         if not line:
             code = self.proc.wait()
+            # Killed by a signal: -N from a plain child, 128 + N as bubblewrap reports it.
+            if code > 128:
+                code = -(code - 128)
             if code == -signal.SIGXCPU or code == -signal.SIGKILL:
                 raise ScriptError(
                     f"the script exceeded its CPU time ({settings.GRUNDLAG_SANDBOX_CPU_SECONDS} s)", call_log
@@ -126,20 +262,65 @@ class _Child:
             if code == -signal.SIGXFSZ:
                 raise ScriptError("the script tried to write a file", call_log)
             raise ScriptError(f"the script's process died (exit {code})", call_log)
+        if json_nesting(line) > MAX_NESTING + 2:  # + the message and its call's input object
+            raise ScriptError(f"the script sent a value nested deeper than {MAX_NESTING} levels", call_log)
         try:
-            message: dict[str, Any] = json.loads(line)
-        except json.JSONDecodeError:
+            message = json.loads(line, parse_constant=_refuse_constant)
+        except ValueError:
             raise ScriptError("the script's process sent something unreadable", call_log) from None
+        if not isinstance(message, dict):
+            raise ScriptError("the script's process sent something unreadable", call_log)
         return message
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
-        self.selector.close()
+        if self.selector.get_map() is not None:
+            self.selector.close()
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:
-                stream.close()
+                with contextlib.suppress(OSError):
+                    stream.close()
+
+
+_JSON_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_JSON_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+def json_nesting(text: bytes) -> int:
+    """How deeply a JSON text nests, read without parsing it: decoding a value nested a
+    thousand deep would exhaust the reader's stack before any limit could be applied."""
+    deepest = depth = 0
+    for bracket in _JSON_BRACKETS.findall(_JSON_STRINGS.sub(b"", text)):
+        depth += 1 if bracket in (b"[", b"{") else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def run_raw_for_tests(code: str) -> Any:
+    """Run plain Python (not a script) in the sandbox's child, after its limits and filter, to
+    show what the OS layer holds back on its own. Only tests call this; nothing routes a
+    request or a script to it. ``result`` in the code's namespace is returned."""
+    child = _Child(raw_for_tests=True)
+    try:
+        child.send(
+            {
+                "raw": code,
+                "cpu_seconds": settings.GRUNDLAG_SANDBOX_CPU_SECONDS,
+                "memory_bytes": settings.GRUNDLAG_SANDBOX_MEMORY_BYTES,
+            }
+        )
+        message = child.receive([])
+        if "error" in message:
+            raise ScriptError(message["error"], [])
+        return message.get("return")
+    finally:
+        child.kill()
 
 
 def run_script(
@@ -155,6 +336,7 @@ def run_script(
     Raises SandboxInterrupt when a call pauses, ScriptError when the script fails."""
     logged = list(call_log or [])
     log: list[dict[str, Any]] = []
+    log_bytes = 0
     child = _Child()
     try:
         child.send(
@@ -168,6 +350,7 @@ def run_script(
         while True:
             message = child.receive(log)
             if "return" in message:
+                _check_stored("the script's output", message["return"], log)
                 if len(log) < len(logged) or paused is not None:
                     expected = logged[len(log)] if len(log) < len(logged) else paused
                     assert expected is not None
@@ -181,6 +364,13 @@ def run_script(
                 raise ScriptError(message["error"], log)
             name, arguments = str(message.get("call")), message.get("input")
             position = len(log)
+            if position >= settings.GRUNDLAG_SANDBOX_MAX_CALLS:
+                raise ScriptError(
+                    f"the script made more than {settings.GRUNDLAG_SANDBOX_MAX_CALLS} action calls "
+                    "(GRUNDLAG_SANDBOX_MAX_CALLS)",
+                    log,
+                )
+            _check_stored(f"the input of call {position} ({name})", arguments, log)
             expected = logged[position] if position < len(logged) else paused
             if expected is not None and (expected["action"], expected["input"]) != (name, arguments):
                 raise ScriptError(
@@ -193,11 +383,37 @@ def run_script(
             else:
                 this_resumption = resumption if paused is not None else None
                 paused = None
-                entry = _call(name, arguments, this_resumption, run_id, log, position)
+                child.pause_clock()
+                try:
+                    entry = _call(name, arguments, this_resumption, run_id, log, position)
+                finally:
+                    child.resume_clock()
+                if "result" in entry:
+                    try:
+                        runner.check_size(f"the result of call {position} ({name})", entry["result"])
+                    except runner.EngineError as exc:
+                        entry = {key: value for key, value in entry.items() if key != "result"}
+                        entry["error"] = str(exc)
+            log_bytes += len(json.dumps(entry, ensure_ascii=False).encode())
+            if log_bytes > settings.GRUNDLAG_SANDBOX_MAX_LOG_BYTES:
+                raise ScriptError(
+                    f"the script's call log grew over {settings.GRUNDLAG_SANDBOX_MAX_LOG_BYTES} bytes "
+                    "(GRUNDLAG_SANDBOX_MAX_LOG_BYTES)",
+                    log,
+                )
             log.append(entry)
             child.send({"failed": entry["error"]} if "error" in entry else {"result": entry["result"]})
     finally:
         child.kill()
+
+
+def _check_stored(what: str, value: Any, log: list[dict[str, Any]]) -> None:
+    """What a script hands over is stored and shown: the same size and nesting limits as an
+    answer or an input, so that no page fails to render it."""
+    try:
+        runner.check_size(what, value)
+    except runner.EngineError as exc:
+        raise ScriptError(str(exc), log) from None
 
 
 def _call(
@@ -220,6 +436,8 @@ def _call(
 
 
 def start_script(source: str, input: Any, team: Any, by: Any) -> Run:  # noqa: A002
+    """Queue a script's run. Raises SandboxUnavailable (nothing queued) where scripts may not run."""
+    check_isolation()
     state = {"source": source, "input": input, "call_log": [], "paused": None}
     return runner.start_run(
         SCRIPT_ACTION, {"source": source, "input": input}, team, by, Run.Consumer.SANDBOX, driver_state=state

@@ -203,6 +203,18 @@ GRUNDLAG_MAX_WAIT_SECONDS = 30
 GRUNDLAG_SANDBOX_CPU_SECONDS = envint("GRUNDLAG_SANDBOX_CPU_SECONDS", "5", minimum=1)
 GRUNDLAG_SANDBOX_WALL_SECONDS = envint("GRUNDLAG_SANDBOX_WALL_SECONDS", "30", minimum=1)
 GRUNDLAG_SANDBOX_MEMORY_BYTES = envint("GRUNDLAG_SANDBOX_MEMORY_MB", "512", minimum=64) * 1024 * 1024
+# How many actions one run of a script may call, and how large its call log may grow.
+GRUNDLAG_SANDBOX_MAX_CALLS = envint("GRUNDLAG_SANDBOX_MAX_CALLS", "100", minimum=1)
+GRUNDLAG_SANDBOX_MAX_LOG_BYTES = envint("GRUNDLAG_SANDBOX_MAX_LOG_BYTES", str(1024 * 1024), minimum=1024)
+# "bwrap": scripts run inside bubblewrap (Debian's bubblewrap package), and are refused when it
+# cannot start. "none": without it, a weaker sandbox (language guards, limits and a seccomp
+# filter only), logged as a warning at every script. See the README's security section.
+GRUNDLAG_SANDBOX_ISOLATION = os.getenv("GRUNDLAG_SANDBOX_ISOLATION", "bwrap").strip().lower()
+if GRUNDLAG_SANDBOX_ISOLATION not in ("bwrap", "none"):
+    raise ImproperlyConfigured(
+        f"GRUNDLAG_SANDBOX_ISOLATION must be bwrap or none, got {GRUNDLAG_SANDBOX_ISOLATION!r}"
+    )
+GRUNDLAG_BWRAP = os.getenv("GRUNDLAG_BWRAP", "bwrap")
 # How often an open websocket re-checks its user's session and teams.
 GRUNDLAG_SOCKET_RECHECK_SECONDS = envint("GRUNDLAG_SOCKET_RECHECK_SECONDS", "30", minimum=1)
 try:

@@ -97,7 +97,7 @@ def test_approving_without_an_answer_model_sends_approved_and_the_comment(team: 
     assert response.status_code == 302 and response["Location"] == "/"
     run = Run.objects.get(pk=it.run_id)
     assert run.status == "completed"
-    assert run.output["approved_by_answer"] == {"approved": True, "comment": "looks right"}  # type: ignore[index]
+    assert run.output["approved_by_answer"] == {"approved": True, "comment": "looks right"}
 
 
 def test_the_typed_answer_form_follows_the_answer_model(team: Team, reviewer: User) -> None:

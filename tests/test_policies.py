@@ -108,7 +108,7 @@ def race_deadline_against(team: Team, reviewer: User) -> None:
     run = Run.objects.get(pk=interrupt.run_id)
     winner = "reviewer" if outcome["reviewer"] == "won" else "default"
     assert outcome["policy"] == (0 if winner == "reviewer" else 1)
-    assert run.status == "completed" and run.output["answer"]["by"] == winner  # type: ignore[index]
+    assert run.status == "completed" and run.output["answer"]["by"] == winner
     assert run.events.filter(kind="approved").count() == 1 and run.events.filter(kind="resumed").count() == 1
 
 

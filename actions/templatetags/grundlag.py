@@ -10,6 +10,8 @@ from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.timesince import timesince
 
+from actions.core import MAX_NESTING, value_problem
+
 register = template.Library()
 
 FOLD_AT = 160
@@ -23,8 +25,15 @@ def as_data(value: Any) -> SafeString:
     return mark_safe(_render(value, 0))  # noqa: S308 - every leaf below goes through escape()
 
 
+TOO_DEEP = '<span class="muted too-deep">(too deep to show)</span>'
+
+
 def _render(value: Any, depth: int) -> str:
     if depth >= MAX_DEPTH:
+        # Deeper levels as JSON text, if that can be written at all: a stored value's depth
+        # was an attacker's choice before it was bounded, and a page must render anyway.
+        if value_problem(value, MAX_NESTING) is not None:
+            return TOO_DEEP
         return _leaf(json.dumps(value, ensure_ascii=False))
     if isinstance(value, dict):
         if not value:
