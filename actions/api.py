@@ -81,6 +81,13 @@ class RunOut(Schema):
     interrupt: InterruptOut | None
 
 
+class ApprovalOut(Schema):
+    by: str
+    answer: Any
+    at: datetime
+    counted: bool = Field(description="False when a later approval with another answer superseded it")
+
+
 class TranscriptEntry(Schema):
     id: int
     seq: int
@@ -97,6 +104,9 @@ class TranscriptEntry(Schema):
     decided_by: str | None
     decided_at: datetime | None
     created_at: datetime
+    approvals: list[ApprovalOut] = Field(
+        default_factory=list, description="With N-of-M approvals: each person's, in order"
+    )
 
 
 class RunDetailOut(RunOut):
@@ -243,7 +253,7 @@ def interrupt_out(request: HttpRequest, it: Interrupt) -> dict[str, Any]:
 
 
 def run_out(request: HttpRequest, run: Run, *, transcript: bool = False) -> dict[str, Any]:
-    interrupts = list(run.interrupts.order_by("seq"))
+    interrupts = list(run.interrupts.order_by("seq").prefetch_related("approvals__user"))
     pending = next((it for it in interrupts if it.status == Interrupt.Status.PENDING), None)
     body: dict[str, Any] = {
         "id": run.pk,
@@ -272,6 +282,17 @@ def transcript_entry(it: Interrupt) -> dict[str, Any]:
         "decided_by": it.decided_by_name or None,
         "decided_at": it.decided_at,
         "created_at": it.created_at,
+        "approvals": [
+            {
+                "by": approval.user.get_username(),
+                "answer": approval.answer,
+                "at": approval.at,
+                "counted": approval.superseded_at is None,
+            }
+            for approval in sorted(it.approvals.all(), key=lambda approval: (approval.at, approval.pk))
+        ]
+        if it.approvals_required > 1
+        else [],
     }
 
 
@@ -370,8 +391,10 @@ def list_interrupts(
 ) -> list[dict[str, Any]]:
     """The team's interrupts, newest first; filter with `?status=pending`."""
     token = token_of(request)
-    interrupts = Interrupt.objects.filter(Interrupt.visible_to([token.team_id])).order_by(
-        "-created_at", "-id"
+    interrupts = (
+        Interrupt.objects.filter(Interrupt.visible_to([token.team_id]))
+        .order_by("-created_at", "-id")
+        .prefetch_related("approvals__user")
     )
     if status:
         interrupts = interrupts.filter(status=status)

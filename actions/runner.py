@@ -291,6 +291,7 @@ def _push_status_after_commit(run: Run, status: str) -> None:
 # Starting
 
 
+@retry_on_conflict
 def start_run(
     action_name: str,
     input: Any,  # noqa: A002
@@ -399,22 +400,22 @@ SEPARATION_OF_DUTIES = (
 )
 
 
+SEPARATION_OF_DUTIES_TOKEN = (
+    "Separation of duties: an API token is not a person, so it cannot show that someone other "
+    "than the requester approves (requester_may_approve is off for {action})."
+)
+
+
 def separation_of_duties(by: Actor, interrupt: Interrupt) -> str:
-    """Why ``by`` may not approve ``interrupt`` because they started its run, or "".
-    Rejecting stays open to them: it is how a requester withdraws."""
+    """Why ``by`` may not approve ``interrupt`` because they (may have) started its run, or "".
+    A token acts for its whole team, whoever started the run: it may not approve at all.
+    Rejecting stays open to everyone: it is how a requester withdraws."""
     if interrupt.requester_may_approve or by is None:
         return ""
-    starter = (
-        Run.objects.filter(pk=interrupt.run_id).values_list("started_by_id", "started_by_token_id").first()
-    )
-    if starter is None:
-        return ""
-    started_by_id, token_id = starter
-    own = (
-        token_id == by.pk
-        if isinstance(by, ApiToken)
-        else started_by_id is not None and started_by_id == by.pk
-    )
+    if isinstance(by, ApiToken):
+        return SEPARATION_OF_DUTIES_TOKEN.format(action=interrupt.action)
+    started_by_id = Run.objects.filter(pk=interrupt.run_id).values_list("started_by_id", flat=True).first()
+    own = started_by_id is not None and started_by_id == by.pk
     return SEPARATION_OF_DUTIES.format(action=interrupt.action) if own else ""
 
 
@@ -466,11 +467,15 @@ def _decide(
             raise NotAllowed(why_not(by, current))
         if not policy and status == Interrupt.Status.APPROVED and (rule := separation_of_duties(by, current)):
             raise NotAllowed(rule)
+        counted_detail: dict[str, Any] = {}
         if status == Interrupt.Status.APPROVED and current.approvals_required > 1 and not policy:
             agreed = _count_approval(run, current, by, answer)
             if agreed is None:
                 return current
             answer = agreed
+            counted_detail = {"approvals": current.approvals_required, "of": current.approvals_required}
+            if restarted := getattr(current, "count_restarted", None):
+                counted_detail.update(restarted=True, superseded=restarted)
         # The conditional UPDATE is the decision: of two reviewers clicking at once, exactly one
         # changes a pending row; the other changes nothing and is told who won.
         user = actor_user(by)
@@ -508,7 +513,7 @@ def _decide(
             Interrupt.Status.EXPIRED: RunEvent.Kind.EXPIRED,
         }
         kind = kinds.get(status, RunEvent.Kind.REJECTED)
-        detail: dict[str, Any] = {"seq": interrupt.seq}
+        detail: dict[str, Any] = {"seq": interrupt.seq, **counted_detail}
         if reason:
             detail["reason"] = reason
         if policy:
@@ -582,7 +587,12 @@ def _count_approval(run: Run, interrupt: Interrupt, by: Actor, answer: Any) -> A
     interrupt.count_restarted = superseded  # type: ignore[attr-defined]
     if count >= interrupt.approvals_required:
         return answer
-    detail: dict[str, Any] = {"seq": interrupt.seq, "approvals": count, "of": interrupt.approvals_required}
+    detail: dict[str, Any] = {
+        "seq": interrupt.seq,
+        "approvals": count,
+        "of": interrupt.approvals_required,
+        "answer": answer,  # each approver's own, for the transcript: the run gets the agreed one
+    }
     if superseded:
         # Said in the log as on the page: the earlier approvals were for another answer.
         detail["restarted"] = True
@@ -1080,12 +1090,19 @@ def apply_policies(now: Any = None) -> int:
             count += 1
         except AlreadyDecided:
             pass  # a reviewer was first
+        except Busy:
+            logger.warning("deadline of interrupt %s met conflicts; the next round retries it", interrupt.pk)
     due = Interrupt.objects.filter(
         status=Interrupt.Status.PENDING, escalate_at__lte=now, escalated_at=None, escalate_to__isnull=False
     ).select_related("escalate_to")
     for interrupt in due:
         target = interrupt.escalate_to
         assert target is not None
-        if _escalate(interrupt, target, now):
-            count += 1
+        try:
+            if _escalate(interrupt, target, now):
+                count += 1
+        except Busy:
+            logger.warning(
+                "escalation of interrupt %s met conflicts; the next round retries it", interrupt.pk
+            )
     return count

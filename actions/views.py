@@ -72,7 +72,7 @@ def inbox(request: AuthenticatedRequest) -> HttpResponse:
     pending = (
         Interrupt.objects.filter(Interrupt.visible_to(teams), status=Interrupt.Status.PENDING)
         .select_related("run", "team", "escalate_to")
-        .annotate(approval_count=Count("approvals"))
+        .annotate(approval_count=Count("approvals", filter=Q(approvals__superseded_at=None)))
         .order_by("-created_at", "-id")
     )
     team_slug = request.GET.get("team", "")
@@ -98,13 +98,12 @@ def inbox(request: AuthenticatedRequest) -> HttpResponse:
 # One interrupt and its decision
 
 
-def _answer_form(interrupt: Interrupt, data: Any = None, agreed: Any = None) -> SchemaForm | ApprovalForm:
-    """The approval form; with the answer approved so far (N-of-M) filled in, so confirming it
-    is one click and changing it is a visible choice."""
+def _answer_form(interrupt: Interrupt, data: Any = None) -> SchemaForm | ApprovalForm:
+    # Never prefilled with an earlier approver's answer (N-of-M): it is shown beside the form,
+    # and each approver enters theirs, so a safeguard such as retyping an id holds for each.
     act = registry.find(interrupt.action)
     if act is not None and act.answer_model is not None:
-        initial = agreed if isinstance(agreed, dict) else None
-        return form_for_schema(act.answer_schema() or {})(data, prefix="answer", initial=initial)
+        return form_for_schema(act.answer_schema() or {})(data, prefix="answer")
     return ApprovalForm(data, prefix="answer")
 
 
@@ -124,9 +123,7 @@ def _decision_context(request: AuthenticatedRequest, interrupt: Interrupt, **ext
         "agreed_answer": approvals[0].answer if approvals else None,
         "you_approved": any(a.user_id == request.user.pk for a in approvals),
         "why_not": runner.why_not(request.user, interrupt),
-        "answer_form": _answer_form(interrupt, agreed=approvals[0].answer if approvals else None)
-        if can_decide
-        else None,
+        "answer_form": _answer_form(interrupt) if can_decide else None,
         "reject_form": RejectForm(prefix="reject") if can_decide else None,
     }
     context.update(extra)

@@ -93,7 +93,9 @@ MIDDLEWARE = [
 ]
 
 AUTHENTICATION_BACKENDS = [
-    # First: refuses a locked-out (username, address) pair before any password is checked.
+    # First: a client address or username that failed too often recently (spraying) waits.
+    "actions.auth.SprayThrottleBackend",
+    # Then: refuses a locked-out (username, address) pair before any password is checked.
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
@@ -246,6 +248,12 @@ X_FRAME_OPTIONS = "DENY"
 # log in as usual. Attempts and lock-outs are rows in the database (admin: Axes).
 GRUNDLAG_LOGIN_ATTEMPTS = envint("GRUNDLAG_LOGIN_ATTEMPTS", "5", minimum=1)
 GRUNDLAG_LOGIN_LOCKOUT_SECONDS = envint("GRUNDLAG_LOGIN_LOCKOUT_SECONDS", "900", minimum=1)
+# Wider limits with a short cool-off, against spraying (actions/auth.py): failures from one
+# address (an IPv6 /64) across usernames, and of one username across addresses, in the window.
+GRUNDLAG_LOGIN_ADDRESS_ATTEMPTS = envint("GRUNDLAG_LOGIN_ADDRESS_ATTEMPTS", "30", minimum=1)
+GRUNDLAG_LOGIN_USER_ATTEMPTS = envint("GRUNDLAG_LOGIN_USER_ATTEMPTS", "20", minimum=1)
+GRUNDLAG_LOGIN_WINDOW_SECONDS = envint("GRUNDLAG_LOGIN_WINDOW_SECONDS", "900", minimum=1)
+GRUNDLAG_LOGIN_SPRAY_COOLOFF_SECONDS = envint("GRUNDLAG_LOGIN_SPRAY_COOLOFF_SECONDS", "60", minimum=1)
 AXES_FAILURE_LIMIT = GRUNDLAG_LOGIN_ATTEMPTS
 AXES_COOLOFF_TIME = timedelta(seconds=GRUNDLAG_LOGIN_LOCKOUT_SECONDS)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]

@@ -247,6 +247,28 @@ def test_n_approvals_must_agree_on_one_answer_and_a_different_one_starts_the_cou
     ]
     restarted = RunEvent.objects.get(run=run, kind="approved", detail__restarted=True)
     assert restarted.detail["superseded"] == ["reviewer1"] and restarted.actor_name == "reviewer2"
+    # The run's page shows what each person approved, not the final answer three times.
+    timeline = one.get(f"/runs/{run.pk}/").content.decode()
+    assert timeline.count("Approved by") == 3 and "(1 of 2)" in timeline and "(2 of 2)" in timeline
+    assert "personal_data" in timeline and "the count started again" in timeline
+
+
+def test_the_inbox_and_the_api_count_only_the_approvals_that_agree(
+    team: Team, reviewer: User, second_reviewer: User, client: Client, token_key: str
+) -> None:
+    run = runner.start_run(FOUR_EYES_DELETE, {"scope": "some"}, team, None)
+    (interrupt,) = runner.pending_interrupts(run.pk)
+    runner.resume(interrupt, {"scope": "personal_data"}, reviewer)
+    runner.resume(interrupt, {"scope": "everything"}, second_reviewer)
+    page = Client()
+    page.force_login(reviewer)
+    assert "1 of 2 approvals" in page.get("/").content.decode()
+    detail = client.get(f"/api/runs/{run.pk}", headers=bearer(token_key)).json()
+    approvals = detail["transcript"][0]["approvals"]
+    assert [(a["by"], a["answer"]["scope"], a["counted"]) for a in approvals] == [
+        ("reviewer1", "personal_data", False),
+        ("reviewer2", "everything", True),
+    ]
 
 
 def test_a_superseded_approver_may_approve_the_new_answer(
@@ -284,25 +306,26 @@ def test_whoever_started_a_run_may_not_approve_it_when_the_policy_says_so(
     assert run.status == "completed"
 
 
-def test_an_api_token_may_not_approve_the_run_it_started_under_separation_of_duties(
-    client: Client, team: Team, token_key: str
+def test_no_api_token_may_approve_under_separation_of_duties(
+    client: Client, team: Team, token_key: str, reviewer: User
 ) -> None:
-    run = post(
-        client, "/api/runs", {"action": "transfer_funds", "input": {"amount": 5, "to": "X"}}, token_key
-    )
-    interrupt = run.json()["interrupt"]
+    """A token acts for the whole team: it cannot show that someone other than the requester
+    approves, whoever started the run."""
+    body = {"action": "transfer_funds", "input": {"amount": 5, "to": "X"}}
+    interrupt = post(client, "/api/runs", body, token_key).json()["interrupt"]
     refused = post(client, interrupt["resume_url"], {"data": {"approved": True}}, token_key)
     assert refused.status_code == 403 and "Separation of duties" in refused.json()["detail"]
-    # The requester may still withdraw it.
+    other_key = ApiToken.issue(team, "approver")[1]
+    refused = post(client, interrupt["resume_url"], {"data": {"approved": True}}, other_key)
+    assert refused.status_code == 403 and "an API token is not a person" in refused.json()["detail"]
+    # A person's run, and the team's CI token approving it: refused too.
+    run = runner.start_run("transfer_funds", {"amount": 5, "to": "X"}, team, reviewer)
+    (own,) = runner.pending_interrupts(run.pk)
+    refused = post(client, f"/api/interrupts/{own.pk}/resume", {"data": {"approved": True}}, token_key)
+    assert refused.status_code == 403
+    # The requester may still withdraw.
     rejected = post(client, interrupt["reject_url"], {"error": "asked by mistake"}, token_key)
     assert rejected.json()["status"] == "rejected"
-    # Another caller (token) of the team may approve.
-    other_key = ApiToken.issue(team, "approver")[1]
-    run = post(
-        client, "/api/runs", {"action": "transfer_funds", "input": {"amount": 5, "to": "X"}}, token_key
-    )
-    done = post(client, run.json()["interrupt"]["resume_url"], {"data": {"approved": True}}, other_key)
-    assert done.json()["status"] == "completed"
 
 
 def test_a_team_may_turn_separation_of_duties_on_or_off_for_an_action(team: Team, reviewer: User) -> None:
@@ -408,7 +431,7 @@ def test_cancelling_a_run_tells_the_inbox_of_the_team_it_escalated_to(
 
 
 def test_escalations_racing_decisions_all_land_once_without_a_deadlock(
-    team: Team, other_team: Team, reviewer: User
+    team: Team, other_team: Team, reviewer: User, caplog: Any
 ) -> None:
     """On PostgreSQL (tests/integration/test_postgresql.py runs this module there) a decision
     locks the run and then updates the interrupt; an escalation that updated the interrupt and
@@ -451,6 +474,7 @@ def test_escalations_racing_decisions_all_land_once_without_a_deadlock(
     for thread in threads:
         thread.join(60)
     assert errors == []
+    assert "lost a conflict" not in caplog.text, "one lock order: nothing to retry"
     assert set(Run.objects.filter(pk__in=[r.pk for r in runs]).values_list("status", flat=True)) == {
         "completed"
     }

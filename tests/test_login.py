@@ -3,10 +3,12 @@ pair out; the client's address comes from X-Forwarded-For only through a trusted
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.cache import cache
 from django.core.management import call_command
 from django.test import Client
 
@@ -19,6 +21,7 @@ WRONG = "Please enter a correct username and password"
 @pytest.fixture(autouse=True)
 def _three_attempts(settings: Any) -> None:
     settings.AXES_FAILURE_LIMIT = 3
+    cache.clear()  # the spray counters live in the cache
 
 
 def login(username: str, password: str, *, peer: str = PROXY, forwarded: str | None = None) -> Any:
@@ -78,3 +81,42 @@ def test_admin_logins_are_throttled_too(db: Any) -> None:
         "/admin/login/", {"username": "root", "password": "pw-root-1234"}, REMOTE_ADDR="192.0.2.1"
     )
     assert refused.status_code == 429
+
+
+def test_one_address_spraying_many_usernames_is_slowed_down_briefly(
+    reviewer: User, second_reviewer: User, settings: Any
+) -> None:
+    settings.GRUNDLAG_LOGIN_ADDRESS_ATTEMPTS = 4
+    settings.GRUNDLAG_LOGIN_SPRAY_COOLOFF_SECONDS = 1
+    for n in range(4):  # one guess per username: under every per-pair limit
+        login(f"user{n}", "Summer2025!", forwarded="203.0.113.5")
+    refused = login("reviewer2", "pw-reviewer2", forwarded="203.0.113.5")
+    assert (
+        refused.status_code == 200 and "Too many failed logins from your network" in refused.content.decode()
+    )
+    assert login("reviewer2", "pw-reviewer2", forwarded="198.51.100.7").status_code == 302, "others log in"
+    time.sleep(1.2)
+    assert login("reviewer2", "pw-reviewer2", forwarded="203.0.113.5").status_code == 302, "not for long"
+
+
+def test_many_addresses_guessing_one_username_are_slowed_down_briefly(reviewer: User, settings: Any) -> None:
+    settings.GRUNDLAG_LOGIN_USER_ATTEMPTS = 4
+    settings.GRUNDLAG_LOGIN_SPRAY_COOLOFF_SECONDS = 1
+    for n in range(4):
+        login("reviewer1", f"guess-{n}", forwarded=f"2001:db8:{n}::1")
+    assert (
+        "Too many failed logins"
+        in login("reviewer1", "pw-reviewer1", forwarded="192.0.2.50").content.decode()
+    )
+    time.sleep(1.2)
+    assert login("reviewer1", "pw-reviewer1", forwarded="192.0.2.50").status_code == 302
+
+
+def test_an_ipv6_host_cannot_multiply_its_attempts_by_changing_its_address(
+    reviewer: User, settings: Any
+) -> None:
+    settings.GRUNDLAG_LOGIN_ADDRESS_ATTEMPTS = 3
+    for n in range(3):
+        login(f"user{n}", "x", forwarded=f"2001:db8:1:2::{n + 1}")
+    refused = login("reviewer1", "pw-reviewer1", forwarded="2001:db8:1:2::99")
+    assert "Too many failed logins from your network" in refused.content.decode()
