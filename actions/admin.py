@@ -5,6 +5,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.db.models.constants import LOOKUP_SEP
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -15,9 +16,22 @@ from pydantic import ValidationError
 from actions.core import field_errors, registry
 from actions.models import ApiToken, Interrupt, Policy, Run, RunEvent, Team
 
+# Never reachable through the admin's query string, on any model, through any relation: an
+# action's checkpoint, a run's driver state, a token's hash. Django's admin lets staff filter
+# a changelist by any local field (``?state__comment__startswith=pin 4``), one character at a
+# time; ``exclude`` hides a field from the form, not from lookups.
+PRIVATE_FIELDS = frozenset({"state", "driver_state", "key_hash"})
+
+
+class GuardedAdmin(admin.ModelAdmin[Any]):
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
+        if PRIVATE_FIELDS.intersection(lookup.split(LOOKUP_SEP)):
+            return False
+        return super().lookup_allowed(lookup, value, request)
+
 
 @admin.register(Team)
-class TeamAdmin(admin.ModelAdmin[Team]):
+class TeamAdmin(GuardedAdmin):
     list_display = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
     filter_horizontal = ["members"]
@@ -43,7 +57,7 @@ class PolicyForm(forms.ModelForm[Policy]):
 
 
 @admin.register(Policy)
-class PolicyAdmin(admin.ModelAdmin[Policy]):
+class PolicyAdmin(GuardedAdmin):
     form = PolicyForm
     list_display = [
         "action",
@@ -59,7 +73,7 @@ class PolicyAdmin(admin.ModelAdmin[Policy]):
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin[ApiToken]):
+class ApiTokenAdmin(GuardedAdmin):
     list_display = ["name", "team", "prefix", "created_at", "last_used_at", "revoked_at"]
     list_filter = ["team"]
     readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
@@ -75,7 +89,7 @@ class ApiTokenAdmin(admin.ModelAdmin[ApiToken]):
             token.revoke()
 
 
-class ReadOnlyAdmin(admin.ModelAdmin[Any]):
+class ReadOnlyAdmin(GuardedAdmin):
     """History is changed only by the engine; the admin shows it."""
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:

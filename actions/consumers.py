@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections import deque
 from typing import Any
 
@@ -18,9 +19,15 @@ from django.contrib.auth import SESSION_KEY, get_user_model
 from actions import live
 from actions.models import Run, Team
 
+logger = logging.getLogger(__name__)
+
 # A client has nothing to say beyond "ping"; anything bigger than this is not ours.
 MAX_FRAME_BYTES = 4096
+# Application close codes (4000-4999): a server may not send the protocol's own 1003/1009
+# (autobahn refuses them, raising instead of closing), so these mirror them.
 NOT_AUTHENTICATED = 4401
+UNSUPPORTED_DATA = 4003
+TOO_BIG = 4009
 
 
 class InboxConsumer(AsyncJsonWebsocketConsumer):
@@ -43,12 +50,21 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
         self.watcher = asyncio.create_task(self.watch())
 
     async def disconnect(self, code: int) -> None:
+        """Everything this socket holds is let go, each part whatever happens to the others:
+        a leaked watcher or group membership would outlive the socket."""
         if self.watcher is not None:
             self.watcher.cancel()
-        for group in self.groups_joined:
-            await self.channel_layer.group_discard(group, self.channel_name)
+            self.watcher = None
+        groups = list(getattr(self, "groups_joined", []))
         if self.watched_run is not None:
-            await self.channel_layer.group_discard(live.run_group(self.watched_run), self.channel_name)
+            groups.append(live.run_group(self.watched_run))
+            self.watched_run = None
+        self.groups_joined = []
+        for group in groups:
+            try:
+                await self.channel_layer.group_discard(group, self.channel_name)
+            except Exception:
+                logger.warning("could not leave %s; it expires on its own", group, exc_info=True)
 
     async def join(self, groups: list[str]) -> None:
         for group in set(self.groups_joined) - set(groups):
@@ -80,7 +96,9 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if bytes_data is not None or text_data is None or len(text_data) > MAX_FRAME_BYTES:
-            await self.close(code=1009 if text_data and len(text_data) > MAX_FRAME_BYTES else 1003)
+            await self.close(
+                code=TOO_BIG if text_data and len(text_data) > MAX_FRAME_BYTES else UNSUPPORTED_DATA
+            )
             return
         if text_data.strip() == "ping" or '"ping"' in text_data:
             await self.send_json({"event": "pong"})

@@ -121,7 +121,7 @@ async def test_a_ping_gets_a_pong_and_junk_is_ignored(team: Team, reviewer: User
 
 
 @pytest.mark.parametrize(
-    ("frame", "code"), [({"text_data": "x" * 70_000}, 1009), ({"bytes_data": b"\x00" * 10}, 1003)]
+    ("frame", "code"), [({"text_data": "x" * 70_000}, 4009), ({"bytes_data": b"\x00" * 10}, 4003)]
 )
 async def test_huge_or_binary_frames_close_the_socket(
     team: Team, reviewer: User, frame: Any, code: int

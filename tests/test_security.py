@@ -214,3 +214,39 @@ def test_answers_to_closed_interrupts_are_refused_and_change_nothing(
     assert page.status_code == 409
     run.refresh_from_db()
     assert run.status == "interrupted" and "approved" not in run.events.values_list("kind", flat=True)
+
+
+PRIVATE_LOOKUPS = [
+    "state__isnull",
+    "state__first_answer__comment__startswith",
+    "state__secret__startswith",
+    "driver_state__source__contains",
+    "interrupt__state__secret__startswith",
+    "run__driver_state__source__contains",
+    "interrupts__state__secret__startswith",
+    "run__interrupts__state__secret__startswith",
+    "key_hash__startswith",
+    "tokens__key_hash__startswith",
+    "password__startswith",
+]
+
+
+def test_no_admin_changelist_filters_by_a_private_field(
+    admin_client: Client, team: Team, reviewer: User
+) -> None:
+    """A staff user could read a checkpoint (a PIN) one character at a time by filtering on it."""
+    from django.contrib import admin
+
+    run = runner.start_run("privacy_probe", {"label": "pin"}, team, None, Run.Consumer.API)
+    assert run.interrupts.get().state["secret"] == MARKER
+    ApiToken.issue(team, "ci")
+    checked = 0
+    for model in admin.site._registry:
+        url = f"/admin/{model._meta.app_label}/{model._meta.model_name}/"
+        for lookup in PRIVATE_LOOKUPS:
+            value = "1" if lookup.endswith("isnull") else MARKER[:6]
+            response = admin_client.get(url, {lookup: value})
+            # Refused (400), or an unknown lookup (302 to ?e=1): never a filtered list.
+            assert response.status_code in (400, 302), (url, lookup, response.status_code)
+            checked += 1
+    assert checked >= 6 * len(PRIVATE_LOOKUPS)
