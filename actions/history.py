@@ -9,7 +9,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any
 
 from django.contrib.admin.views.decorators import staff_member_required
@@ -47,13 +47,33 @@ def filtered(params: Any) -> tuple[QuerySet[Interrupt], dict[str, str]]:
         interrupts = interrupts.filter(status=applied["status"])
     if applied["decided_by"]:
         interrupts = interrupts.filter(decided_by_name=applied["decided_by"])
-    if since := parse_date(applied["since"] or "-"):
+    since, until = _date(applied["since"]), _date(applied["until"])
+    # A date that is not one (2024-02-30) filters nothing, and the form shows it empty.
+    applied["since"], applied["until"] = (str(since) if since else ""), (str(until) if until else "")
+    if since:
         interrupts = interrupts.filter(created_at__date__gte=since)
-    if until := parse_date(applied["until"] or "-"):
+    if until:
         interrupts = interrupts.filter(created_at__date__lte=until)
     if applied["q"]:
         interrupts = interrupts.filter(message__icontains=applied["q"])
     return interrupts, applied
+
+
+def _date(text: str) -> date | None:
+    try:
+        return parse_date(text)
+    except ValueError:  # well-formed, but no such day
+        return None
+
+
+def _moment(text: str) -> datetime | None:
+    try:
+        moment = parse_datetime(text)
+    except ValueError:
+        return None
+    if moment is not None and timezone.is_naive(moment):
+        moment = timezone.make_aware(moment, timezone.get_current_timezone())
+    return moment
 
 
 def _page(interrupts: QuerySet[Interrupt], cursor: str) -> tuple[list[Interrupt], str]:
@@ -61,8 +81,8 @@ def _page(interrupts: QuerySet[Interrupt], cursor: str) -> tuple[list[Interrupt]
     the same on page 1 and page 2,000: no OFFSET, just an index range."""
     if "|" in cursor:
         stamp, _, last_id = cursor.partition("|")
-        after = parse_datetime(stamp)
-        if after is not None and last_id.isdigit():
+        after = _moment(stamp)
+        if after is not None and last_id.isascii() and last_id.isdigit() and len(last_id) < 19:
             interrupts = interrupts.filter(Q(created_at__lt=after) | Q(created_at=after, id__lt=int(last_id)))
     rows = list(interrupts[: PAGE_SIZE + 1])
     more = len(rows) > PAGE_SIZE

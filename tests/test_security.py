@@ -250,3 +250,68 @@ def test_no_admin_changelist_filters_by_a_private_field(
             assert response.status_code in (400, 302), (url, lookup, response.status_code)
             checked += 1
     assert checked >= 6 * len(PRIVATE_LOOKUPS)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/api/runs", '{"action": "send_invoice", "input": {"invoice_id": "A", "amount": NaN}}', "amount"),
+        (
+            "/api/runs",
+            '{"action": "send_invoice", "input": {"invoice_id": "A", "amount": Infinity}}',
+            "amount",
+        ),
+        ("/api/scripts/runs", '{"source": "return 1", "input": {"x": [1, -Infinity]}}', "input"),
+        (
+            "/api/agents/runs",
+            '{"messages": [{"role": "user", "content": "hi", "tool_calls": [{"n": NaN}]}],'
+            ' "tools": [], "model": {"scripted": []}}',
+            "messages",
+        ),
+    ],
+)
+def test_nan_and_infinity_are_422_naming_the_field_and_store_nothing(
+    client: Client, token_key: str, path: str, body: str, field: str
+) -> None:
+    response = client.post(
+        path, body, content_type="application/json", headers={"Authorization": f"Bearer {token_key}"}
+    )
+    assert response.status_code == 422, response.content
+    errors = response.json()["detail"]
+    assert errors[0]["loc"][0] == field and "NaN and Infinity" in errors[0]["msg"]
+    assert not Run.objects.exists()
+
+
+def test_an_answer_with_nan_is_422_and_the_interrupt_stays_pending(
+    client: Client, team: Team, token_key: str
+) -> None:
+    run = runner.start_run("send_invoice", {"invoice_id": "A", "amount": 1}, team, None)
+    (interrupt,) = runner.pending_interrupts(run.pk)
+    response = client.post(
+        f"/api/interrupts/{interrupt.pk}/resume",
+        '{"data": {"approved": true, "score": NaN}}',
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {token_key}"},
+    )
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["score"]
+    interrupt.refresh_from_db()
+    assert interrupt.status == "pending"
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"since": "2024-02-30"},
+        {"until": "2023-13-01"},
+        {"after": "2024-02-30T10:00:00|5"},
+        {"after": "2024-01-01T10:00:00|" + "9" * 40},
+        {"after": "2024-01-01T10:00:00|²"},
+        {"after": "not-a-date|x"},
+    ],
+)
+def test_impossible_dates_and_cursors_in_the_history_are_ignored_not_500(
+    auditor: User, client: Client, query: dict[str, str]
+) -> None:
+    client.force_login(auditor)
+    assert client.get("/history/", query).status_code == 200
+    assert client.get("/history/export.csv", query).status_code == 200
