@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: run test lint format lock venv clean bench screenshots scaled
+.PHONY: run dev test lint format lock venv clean bench screenshots scaled
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -16,10 +16,18 @@ $(BIN)/.installed: requirements.txt requirements-dev.txt
 
 venv: $(BIN)/.installed
 
+# DEBUG stays off (the default): an error page shows nothing of the settings. Cookies are not
+# marked Secure because this serves plain HTTP on 127.0.0.1; behind HTTPS they are (README).
 run: venv
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py seed_demo
-	exec $(BIN)/python manage.py serve --port $(PORT)
+	SECURE_COOKIES=false exec $(BIN)/python manage.py serve --port $(PORT)
+
+# The same with Django's debug pages, for development only.
+dev: venv
+	$(BIN)/python manage.py migrate --noinput
+	$(BIN)/python manage.py seed_demo
+	DEBUG=true exec $(BIN)/python manage.py serve --port $(PORT)
 
 test: venv lint
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -40,6 +40,8 @@ psql -h 127.0.0.1 -p "$PG_PORT" -U grundlag -d postgres -tAc "SELECT 1 FROM pg_d
 
 export DATABASE_URL="postgres://grundlag@127.0.0.1:$PG_PORT/grundlag"
 export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
+# Plain HTTP on 127.0.0.1: cookies cannot be Secure here (behind HTTPS they are).
+export SECURE_COOKIES=false
 "$BIN/python" manage.py migrate --noinput -v0
 "$BIN/python" manage.py seed_demo
 

@@ -7,6 +7,7 @@ Set ``DATABASE_URL`` and ``REDIS_URL`` to scale out (see README, "Deploying at s
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -18,6 +19,7 @@ from typing import Any
 
 import dj_database_url
 import django_stubs_ext
+from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 # Lets ModelAdmin[Team], QuerySet[Run] and friends be subscripted at run time, for mypy.
@@ -50,12 +52,45 @@ def envlist(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.getenv(name, default).split(",") if item.strip()]
 
 
-DEBUG = envbool("DEBUG", "true")
+# Off unless asked for (`make dev`): a debug page shows settings and code to whoever hits an error.
+DEBUG = envbool("DEBUG", "false")
+
+# The server's own files (the embedded database, the generated key): readable by its user only.
+VAR_DIR = Path(os.getenv("GRUNDLAG_VAR_DIR", str(BASE_DIR / "var")))
+
+
+def private_dir(path: Path) -> Path:
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.chmod(0o700)
+    except OSError as exc:
+        raise ImproperlyConfigured(f"GRUNDLAG_VAR_DIR ({path}) cannot be made private: {exc}") from None
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """``path``, created empty and readable by this user only if it does not exist yet."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    return path
+
+
+def generated_secret_key() -> str:
+    """A random key kept in VAR_DIR, made on first use: one machine needs no configuration, and
+    no two installations share a key. Several machines must share SECRET_KEY instead."""
+    key_file = private_file(private_dir(VAR_DIR) / "secret_key")
+    key = key_file.read_text().strip()
+    if not key:
+        import secrets
+
+        key = secrets.token_urlsafe(50)
+        key_file.write_text(key)
+    return key
+
+
 SECRET_KEY = os.getenv("SECRET_KEY", "")
 if not SECRET_KEY:
-    if not DEBUG:
-        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
-    SECRET_KEY = "insecure-development-key-do-not-use-in-production"
+    SECRET_KEY = "insecure-development-key-do-not-use-in-production" if DEBUG else generated_secret_key()
 
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "")
@@ -72,6 +107,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "channels",
     "axes",
+    "csp",
     "actions",
 ]
 
@@ -88,9 +124,27 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "actions.middleware.DatabaseUnavailableMiddleware",
+    "csp.middleware.CSPMiddleware",
     # Last, as django-axes asks: it turns its lock-out signal into the lock-out response.
     "axes.middleware.AxesMiddleware",
 ]
+
+# Content-Security-Policy (django-csp): scripts only from this site's own files, nothing inline
+# and nothing evaluated (htmx runs with allowEval off). Styles may be inline (the admin's).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF, "'unsafe-inline'"],
+        "img-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "font-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
 
 AUTHENTICATION_BACKENDS = [
     # First: a client address or username that failed too often recently (spraying) waits.
@@ -121,7 +175,14 @@ TEMPLATES = [
 ]
 
 # Database: SQLite by default, anything dj-database-url understands otherwise.
-DATABASE_URL = os.getenv("DATABASE_URL", f"sqlite:///{BASE_DIR / 'grundlag.sqlite3'}")
+DATABASE_URL = os.getenv("DATABASE_URL", "")
+if not DATABASE_URL:
+    # The embedded database, in a directory only the server's user can enter; the file (and
+    # its -wal and -shm companions, which SQLite creates with the file's mode) readable by it
+    # only. (Earlier releases kept it in the project folder: move grundlag.sqlite3 to var/.)
+    _embedded = private_file(private_dir(VAR_DIR) / "grundlag.sqlite3")
+    _embedded.chmod(0o600)
+    DATABASE_URL = f"sqlite:///{_embedded}"
 try:
     _database = dj_database_url.parse(DATABASE_URL, conn_max_age=envint("DB_CONN_MAX_AGE", "0"))
 except ValueError as exc:
@@ -285,8 +346,9 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(os.getenv("STATIC_ROOT", str(BASE_DIR / "staticfiles")))
-# In development WhiteNoise serves straight from static/; deployments run collectstatic.
-WHITENOISE_USE_FINDERS = DEBUG
+# WhiteNoise serves the files where they are (static/, the apps'), also over what collectstatic
+# copied: a stale copy can never shadow a newer file. Set false to serve STATIC_ROOT only.
+WHITENOISE_USE_FINDERS = envbool("WHITENOISE_USE_FINDERS", "true")
 
 LOGGING = {
     "version": 1,

@@ -315,3 +315,28 @@ def test_impossible_dates_and_cursors_in_the_history_are_ignored_not_500(
     client.force_login(auditor)
     assert client.get("/history/", query).status_code == 200
     assert client.get("/history/export.csv", query).status_code == 200
+
+
+def test_pages_carry_a_content_security_policy_and_the_security_headers(
+    reviewer: User, client: Client
+) -> None:
+    client.force_login(reviewer)
+    for path in ("/", "/runs/", "/login/", "/start/"):
+        response = client.get(path)
+        policy = dict(
+            part.strip().split(" ", 1)
+            for part in response["Content-Security-Policy"].split(";")
+            if part.strip()
+        )
+        assert policy["script-src"] == "'self'", "scripts from this site's own files only"
+        assert "unsafe-eval" not in response["Content-Security-Policy"]
+        assert policy["frame-ancestors"] == "'none'" and policy["object-src"] == "'none'"
+        assert response["X-Frame-Options"] == "DENY"
+        assert response["X-Content-Type-Options"] == "nosniff"
+        assert response["Referrer-Policy"] == "same-origin"
+        page = response.content.decode()
+        # Nothing the policy would block: no inline script, no inline handler, no eval'd filter.
+        assert not re.search(r"<script(?![^>]*\bsrc=)", page)
+        assert not re.search(r"\son[a-z]+=", page) and "hx-on" not in page
+        assert not re.search(r'hx-trigger="[^"]*\[', page)
+        assert '"allowEval": false' in page

@@ -28,7 +28,10 @@ def start_with(**env: str) -> subprocess.CompletedProcess[str]:
         ({"WORKER_CONCURRENCY": "lots"}, "WORKER_CONCURRENCY must be an integer, got 'lots'"),
         ({"WORKER_CONCURRENCY": "0"}, "WORKER_CONCURRENCY must be at least 1, got 0"),
         ({"DEBUG": "maybe"}, "DEBUG must be a boolean"),
-        ({"DEBUG": "false"}, "SECRET_KEY must be set when DEBUG is off"),
+        (
+            {"GRUNDLAG_VAR_DIR": "/proc/no-such-place"},
+            "GRUNDLAG_VAR_DIR (/proc/no-such-place) cannot be made private",
+        ),
         ({"REDIS_URL": "localhost:6379"}, "REDIS_URL must be a redis:// URL"),
         ({"DATABASE_URL": "nosuchdb://x"}, "DATABASE_URL is not a valid database URL"),
         ({"GRUNDLAG_MODELS": "{not json"}, "GRUNDLAG_MODELS must be JSON"),
@@ -43,6 +46,29 @@ def test_a_bad_setting_stops_the_process_naming_the_variable(env: dict[str, str]
 def test_the_defaults_run_on_one_machine() -> None:
     result = start_with()
     assert result.returncode == 0, result.stderr
+
+
+def settings_of(var_dir: Path, *names: str) -> list[str]:
+    code = "from django.conf import settings as s; " + "; ".join(f"print('=', s.{name})" for name in names)
+    clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DEBUG", "SECRET_KEY")}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", code],
+        cwd=ROOT, env={**clean, "GRUNDLAG_VAR_DIR": str(var_dir)}, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return [line[2:] for line in result.stdout.splitlines() if line.startswith("= ")]
+
+
+def test_by_default_debug_is_off_and_the_servers_files_are_its_own(tmp_path: Path) -> None:
+    var = tmp_path / "var"
+    debug, key, database = settings_of(var, "DEBUG", "SECRET_KEY", "DATABASES['default']['NAME']")
+    assert debug == "False"
+    assert len(key) > 50 and "insecure" not in key
+    assert settings_of(var, "SECRET_KEY") == [key], "the generated key is kept"
+    assert (var.stat().st_mode & 0o777) == 0o700
+    assert ((var / "secret_key").stat().st_mode & 0o777) == 0o600
+    assert database == str(var / "grundlag.sqlite3")
+    assert (Path(database).stat().st_mode & 0o777) == 0o600
 
 
 def test_sqlite_connections_take_their_checkpoint_size_from_the_environment(tmp_path: Path) -> None:

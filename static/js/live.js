@@ -1,6 +1,9 @@
 // Pushes from the server are hints. Every frame (and every (re)connect, which the server
-// greets with "hello") fires `grundlag:changed` on <body>; the page's fragments refetch
-// themselves with hx-trigger="grundlag:changed[...] from:body". They carry
+// greets with "hello") fires `grundlag:changed` on <body>, and, by what it names,
+// `grundlag:interrupt-<id>`, `grundlag:run-<id>` or `grundlag:hello`; the page's fragments
+// refetch themselves with hx-trigger="grundlag:interrupt-9 from:body, ...". Event names, not
+// htmx's filter expressions: those are evaluated as code, which the Content-Security-Policy
+// forbids. Fragments carry
 // hx-sync="this:replace": pushes come in bursts (decided, running, completed), and a refetch
 // queued behind one in flight would be lost when that one swaps its element out.
 (function () {
@@ -14,6 +17,9 @@
     var detail = {};
     try { detail = JSON.parse(evt.detail.message); } catch (e) { return; }
     htmx.trigger(document.body, "grundlag:changed", detail);
+    if (detail.event === "hello") { htmx.trigger(document.body, "grundlag:hello", detail); }
+    if (detail.interrupt_id) { htmx.trigger(document.body, "grundlag:interrupt-" + detail.interrupt_id, detail); }
+    if (detail.run_id) { htmx.trigger(document.body, "grundlag:run-" + detail.run_id, detail); }
   });
   document.addEventListener("htmx:wsOpen", function (evt) {
     setLive("live", "live");

@@ -179,6 +179,8 @@ def base_env(database_url: str, action_modules: str = "actions.examples") -> dic
         GRUNDLAG_ACTION_MODULES=action_modules,
         PYTHONUNBUFFERED="1",
         DJANGO_SETTINGS_MODULE="grundlag_site.settings",
+        # The tests' clients speak plain HTTP to 127.0.0.1, as `make run` serves it.
+        SECURE_COOKIES="false",
     )
     return env
 
