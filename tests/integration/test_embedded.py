@@ -56,6 +56,13 @@ def test_without_prefer_wait_a_queued_run_is_202_and_settles_later(site: Site) -
 
 def test_pending_interrupts_survive_a_restart_and_resume_in_a_fresh_process(site: Site) -> None:
     token = site.token
+    # transfer_funds separates duties; this team lets its API caller answer its own runs.
+    site.manage(
+        "shell",
+        "-c",
+        "from actions.models import Policy, Team; Policy.objects.create("
+        "team=Team.objects.get(slug='demo'), action='transfer_funds', requester_may_approve=True)",
+    )
     first = site.serve()
     with first.client(token) as api:
         run = api.post(
