@@ -18,8 +18,10 @@ from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
+from pydantic import BaseModel
 
 from actions import sandbox
+from actions.core import ActionContext, ActionInterrupt, action
 from actions.models import Interrupt, Run, Team
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -315,3 +317,36 @@ def test_a_deep_value_already_stored_still_renders_everywhere(
         f"/admin/actions/interrupt/{it.pk}/change/",
     ):
         assert admin_client.get(page).status_code == 200, page
+
+
+class Depth(BaseModel):
+    levels: int
+
+
+@action(input=Depth, name="deep_output")
+def deep_output(ctx: ActionContext) -> Any:
+    value: Any = []
+    for _ in range(ctx.input.levels):
+        value = [value]
+    if ctx.resumption is None and ctx.input.levels < 0:
+        raise ActionInterrupt("never", {})
+    return value
+
+
+def test_an_actions_output_too_deep_to_store_fails_the_run_saying_so(client: Client, token_key: str) -> None:
+    response = client.post(
+        "/api/runs",
+        json.dumps({"action": "deep_output", "input": {"levels": 40}}),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {token_key}", "Prefer": "wait=10"},
+    ).json()
+    assert response["status"] == "failed"
+    assert response["error"].startswith("the step's result cannot be stored: the output at [0]")
+    assert Run.objects.get(pk=response["id"]).output is None
+    fine = client.post(
+        "/api/runs",
+        json.dumps({"action": "deep_output", "input": {"levels": 20}}),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {token_key}", "Prefer": "wait=10"},
+    ).json()
+    assert fine["status"] == "completed"
