@@ -334,19 +334,16 @@ def deep_output(ctx: ActionContext) -> Any:
 
 
 def test_an_actions_output_too_deep_to_store_fails_the_run_saying_so(client: Client, token_key: str) -> None:
-    response = client.post(
-        "/api/runs",
-        json.dumps({"action": "deep_output", "input": {"levels": 40}}),
-        content_type="application/json",
-        headers={"Authorization": f"Bearer {token_key}", "Prefer": "wait=10"},
-    ).json()
-    assert response["status"] == "failed"
-    assert response["error"].startswith("the step's result cannot be stored: the output at [0]")
-    assert Run.objects.get(pk=response["id"]).output is None
-    fine = client.post(
-        "/api/runs",
-        json.dumps({"action": "deep_output", "input": {"levels": 20}}),
-        content_type="application/json",
-        headers={"Authorization": f"Bearer {token_key}", "Prefer": "wait=10"},
-    ).json()
-    assert fine["status"] == "completed"
+    def run_with(levels: int) -> dict[str, Any]:
+        body = json.dumps({"action": "deep_output", "input": {"levels": levels}})
+        headers = {"Authorization": f"Bearer {token_key}", "Prefer": "wait=10"}
+        result: dict[str, Any] = client.post(
+            "/api/runs", body, content_type="application/json", headers=headers
+        ).json()
+        return result
+
+    too_deep = run_with(40)
+    assert too_deep["status"] == "failed"
+    assert too_deep["error"].startswith("the step's result cannot be stored: the output at [0]")
+    assert Run.objects.get(pk=too_deep["id"]).output is None
+    assert run_with(20)["status"] == "completed"

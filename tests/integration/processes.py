@@ -198,3 +198,20 @@ def pytest_passes(modules: list[str], **env: str) -> None:
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert " passed" in result.stdout and "skipped" not in result.stdout
+
+
+def logged_in_reviewer(web: Server) -> httpx.Client:
+    """An HTTP client logged in as reviewer1 through the login form, as a browser would be."""
+    reviewer = httpx.Client(base_url=web.url, timeout=30)
+    reviewer.get("/login/")
+    response = reviewer.post(
+        "/login/",
+        data={
+            "username": "reviewer1",
+            "password": "reviewer1-demo",
+            "csrfmiddlewaretoken": reviewer.cookies["csrftoken"],
+        },
+        headers={"Referer": f"{web.url}/login/"},
+    )
+    assert response.status_code == 302, "login failed"
+    return reviewer

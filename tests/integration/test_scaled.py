@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.processes import Server, Site, stop
+from tests.integration.processes import Server, Site, logged_in_reviewer, stop
 
 pytestmark = pytest.mark.integration
 
@@ -42,23 +42,6 @@ def start_effect(server: Server, token: str, key: str, seconds: float = 0) -> di
         ).json()
     assert run["status"] == "interrupted", run
     return run
-
-
-def logged_in_reviewer(web: Server) -> httpx.Client:
-    """An HTTP client logged in as reviewer1 through the login form, as a browser would be."""
-    reviewer = httpx.Client(base_url=web.url, timeout=30)
-    reviewer.get("/login/")
-    response = reviewer.post(
-        "/login/",
-        data={
-            "username": "reviewer1",
-            "password": "reviewer1-demo",
-            "csrfmiddlewaretoken": reviewer.cookies["csrftoken"],
-        },
-        headers={"Referer": f"{web.url}/login/"},
-    )
-    assert response.status_code == 302, "login failed"
-    return reviewer
 
 
 def issue_tokens(site: Site, count: int) -> list[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.processes import Server, Site
+from tests.integration.processes import Server, Site, logged_in_reviewer
 
 pytestmark = pytest.mark.integration
 
@@ -23,19 +23,7 @@ def rss_mb(pid: int) -> float:
 
 
 def session_cookie(web: Server) -> str:
-    reviewer = httpx.Client(base_url=web.url, timeout=30)
-    reviewer.get("/login/")
-    response = reviewer.post(
-        "/login/",
-        data={
-            "username": "reviewer1",
-            "password": "reviewer1-demo",
-            "csrfmiddlewaretoken": reviewer.cookies["csrftoken"],
-        },
-        headers={"Referer": f"{web.url}/login/"},
-    )
-    assert response.status_code == 302, "login failed"
-    return f"sessionid={reviewer.cookies['sessionid']}"
+    return f"sessionid={logged_in_reviewer(web).cookies['sessionid']}"
 
 
 async def bad_frames(web: Server, cookie: str, count: int) -> list[int]:
