@@ -70,15 +70,28 @@ def json_problem(value: Any, path: str = "$") -> str | None:
 MAX_NESTING = 32
 
 
+def _unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: JSON can carry it, no database can store it
+        return False
+    return True
+
+
 def value_problem(value: Any, max_depth: int = MAX_NESTING) -> tuple[str, list[Any]] | None:
-    """("too_deep", path) or ("not_finite", path) for the first place ``value`` cannot be
-    stored, or None. Walked without recursion: the depth is the caller's choice."""
+    """("too_deep" | "not_finite" | "not_unicode", path) for the first place ``value`` cannot
+    be stored, or None. Walked without recursion: the depth is the caller's choice."""
     stack: list[tuple[Any, list[Any]]] = [(value, [])]
     while stack:
         item, path = stack.pop()
         if isinstance(item, float) and not math.isfinite(item):
             return ("not_finite", path)
+        if isinstance(item, str) and not _unicode(item):
+            return ("not_unicode", path)
         if isinstance(item, dict):
+            for key in item:
+                if isinstance(key, str) and not _unicode(key):
+                    return ("not_unicode", [*path, key.encode("utf-8", "backslashreplace").decode()])
             children: list[tuple[Any, Any]] = list(item.items())
         elif isinstance(item, (list, tuple)):
             children = list(enumerate(item))

@@ -9,6 +9,7 @@ browsers) happens after commit. The statements every run goes through are writte
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import json
@@ -139,17 +140,32 @@ def retry_on_conflict(change: Callable[P, R]) -> Callable[P, R]:
     return retrying
 
 
+MAX_ERROR_CHARS = 4000
+# A driver's state (an agent's conversation, a script's call log) grows with the run: its limit
+# is this many times GRUNDLAG_MAX_PAYLOAD_BYTES.
+DRIVER_STATE_LIMIT_FACTOR = 16
+
+
+def safe_text(text: str, limit: int | None = None) -> str:
+    """Text any database stores: lone surrogates escaped, and at most ``limit`` characters."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text
+
+
 def check_size(what: str, value: Any, *, limit: int | None = None) -> None:
     """Refuse a value that cannot be stored and shown safely: nested deeper than MAX_NESTING
     (pages, exports and the admin render it), a number JSON has no word for (NaN, Infinity:
     the database's JSON check refuses them), or larger than GRUNDLAG_MAX_PAYLOAD_BYTES."""
     if problem := value_problem(value):
         kind, path = problem
-        msg = (
-            f"nested deeper than {MAX_NESTING} levels"
-            if kind == "too_deep"
-            else "NaN and Infinity are not JSON numbers"
-        )
+        msg = {
+            "too_deep": f"nested deeper than {MAX_NESTING} levels",
+            "not_finite": "NaN and Infinity are not JSON numbers",
+            "not_unicode": "text with a lone surrogate is not Unicode",
+        }[kind]
+        path = [safe_text(step) if isinstance(step, str) else step for step in path]
         where = "".join(f"[{step!r}]" if isinstance(step, int) else f".{step}" for step in path)
         raise InvalidInput(
             f"{what}{' at ' + where.lstrip('.') if where else ''}: {msg}",
@@ -303,6 +319,11 @@ def start_run(
     """Validate the input and queue the run's first step. Raises UnknownAction, InvalidInput."""
     act = registry.get(action_name) if consumer not in DRIVERS else None
     check_size("the input", input)
+    check_size(
+        "the driver's state",
+        driver_state or {},
+        limit=settings.GRUNDLAG_MAX_PAYLOAD_BYTES * DRIVER_STATE_LIMIT_FACTOR,
+    )
     if act is not None:
         try:
             input = act.input_model.model_validate(input).model_dump(mode="json")  # noqa: A001
@@ -863,10 +884,6 @@ def _execute_claimed(run: Run, resumption: ActionResumption | None | Unread = UN
     record(run, result)
 
 
-# A driver's state (an agent's conversation, a script's call log) grows with the run.
-DRIVER_STATE_LIMIT_FACTOR = 16
-
-
 def _storing_problem(what: str, value: Any, factor: int = 1) -> str:
     try:
         check_size(what, value, limit=settings.GRUNDLAG_MAX_PAYLOAD_BYTES * factor)
@@ -895,6 +912,13 @@ def record(run: Run, result: StepResult) -> None:
         result = StepResult(Status.FAILED, error="the step paused without saying on what (an engine defect)")
     # What is stored is shown on pages, in exports and in the admin: a value too deep (or not
     # JSON) is refused here, for every driver, and the run fails saying which.
+    # Text from an action or a script (an error, a pause's message) is whatever it raised:
+    # bounded, and escaped where a database could not store it.
+    result.error = safe_text(result.error, MAX_ERROR_CHARS)
+    result.pauses = [
+        dataclasses.replace(pause, message=safe_text(pause.message, MAX_ERROR_CHARS))
+        for pause in result.pauses
+    ]
     state_problem = _storing_problem("the driver's state", run.driver_state, DRIVER_STATE_LIMIT_FACTOR)
     problem = state_problem or _result_problem(result)
     if problem:

@@ -103,13 +103,16 @@ CHILD_IN_SANDBOX = "/sandbox/child.py"
 
 def bwrap_command(python: str) -> list[str]:
     """bubblewrap around the child: new user, PID, network, IPC, UTS and mount namespaces, as
-    nobody, with a read-only view of the interpreter and of RestrictedPython and nothing else:
-    no project files or database, no /etc, no /home or /root, no parent environment, no
-    network (its namespace has no interface up), and killed with its parent."""
-    prefix = str(Path(sys.base_prefix).resolve())
+    nobody, and no more of them (--disable-userns). It sees, read-only, the system's libraries,
+    the interpreter and RestrictedPython, and nothing else: no project files or database, no
+    /etc, /home, /root or /usr/local, no parent environment, no network (its namespace has no
+    interface up), no other process. Its root is read-only too, and it dies with its parent."""
+    prefix = Path(sys.base_prefix).resolve()
     command = [
         settings.GRUNDLAG_BWRAP,
         "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
         "--die-with-parent",
         "--new-session",
         "--cap-drop", "ALL",
@@ -117,21 +120,27 @@ def bwrap_command(python: str) -> list[str]:
         "--gid", "65534",
         "--clearenv",
         "--setenv", "PATH", "/usr/bin:/bin",
-        "--ro-bind", "/usr", "/usr",
     ]  # fmt: skip
-    for link in ("bin", "lib", "lib64", "lib32", "libx32", "sbin"):
-        target = Path("/") / link
-        if target.is_symlink():
-            command += ["--symlink", os.readlink(target), str(target)]
-        elif target.is_dir():
-            command += ["--ro-bind", str(target), str(target)]
-    if not prefix.startswith("/usr/"):
-        command += ["--ro-bind", prefix, prefix]
+    # The shared libraries the interpreter links (and the loader), wherever the system keeps them.
+    for libs in ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32"):
+        if Path(libs).is_dir() and not Path(libs).is_symlink():
+            command += ["--ro-bind", libs, libs]
+    for link in ("lib", "lib64", "lib32", "libx32"):
+        top = Path("/") / link
+        if top.is_symlink():
+            command += ["--symlink", os.readlink(top), str(top)]
+        elif top.is_dir():
+            command += ["--ro-bind", str(top), str(top)]
+    if prefix == Path("/usr"):
+        command += ["--ro-bind", python, python]  # the standard library is under /usr/lib
+    else:
+        command += ["--ro-bind", str(prefix), str(prefix)]
     command += [
         "--ro-bind", str(CHILD), CHILD_IN_SANDBOX,
         "--ro-bind", _restricted_python_dir(), f"{SITE}/RestrictedPython",
         "--proc", "/proc",
         "--dev", "/dev",
+        "--remount-ro", "/",
         "--chdir", "/",
         python,
     ]  # fmt: skip
@@ -207,6 +216,11 @@ class _Child:
         os.set_blocking(self.fd, False)
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.fd, selectors.EVENT_READ)
+        assert self.proc.stdin is not None
+        self.in_fd = self.proc.stdin.fileno()
+        os.set_blocking(self.in_fd, False)
+        self.writer = selectors.DefaultSelector()
+        self.writer.register(self.in_fd, selectors.EVENT_WRITE)
 
     def pause_clock(self) -> None:
         """An action runs for the script: its time is not the script's."""
@@ -218,12 +232,23 @@ class _Child:
             self.paused_at = None
 
     def send(self, message: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write((json.dumps(message) + "\n").encode())
-            self.proc.stdin.flush()
-        except BrokenPipeError:
-            return  # it died; receive() says why
+        """Write one message, under the same deadline as every read: a child that stops
+        reading cannot hold the worker on a full pipe."""
+        data = (json.dumps(message) + "\n").encode()
+        while data:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0 or not self.writer.select(timeout=remaining):
+                self.kill()
+                raise ScriptError(
+                    f"the script exceeded its wall time ({settings.GRUNDLAG_SANDBOX_WALL_SECONDS} s)", []
+                )
+            try:
+                written = os.write(self.in_fd, data)
+            except BlockingIOError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                return  # it died; receive() says why
+            data = data[written:]
 
     def _line(self, call_log: list[dict[str, Any]]) -> bytes:
         limit = settings.GRUNDLAG_MAX_PAYLOAD_BYTES * 2
@@ -276,8 +301,9 @@ class _Child:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
-        if self.selector.get_map() is not None:
-            self.selector.close()
+        for selector in (self.selector, self.writer):
+            if selector.get_map() is not None:
+                selector.close()
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:
                 with contextlib.suppress(OSError):

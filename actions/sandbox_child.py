@@ -76,6 +76,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     ),
 }  # fmt: skip
 ALLOWED_MODULES = frozenset(ALLOWED)
+MAX_ERROR_CHARS = 4000
 
 # Values no attribute may lead to: each is a way back to real modules, globals or builtins.
 LEADS_OUT = (types.ModuleType, types.FrameType, types.CodeType, types.TracebackType)
@@ -146,21 +147,34 @@ def _limit(cpu_seconds: int, memory_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-# Per architecture: the audit arch seccomp reports, and the numbers of the calls refused (new
-# processes and programs, sockets, tracing and signals to other processes).
+# Per architecture: the audit arch seccomp reports, and the numbers of the calls refused: new
+# processes and programs; sockets, also through io_uring; signals and memory access to other
+# processes; namespaces, mounts, BPF, keys and the other ways into the kernel's rarer code.
 SYSCALLS: dict[str, tuple[int, dict[str, int]]] = {
     "x86_64": (
         0xC000003E,
         {
-            "socket": 41, "socketpair": 53, "clone": 56, "fork": 57, "vfork": 58, "execve": 59,
-            "kill": 62, "ptrace": 101, "tkill": 200, "tgkill": 234, "execveat": 322, "clone3": 435,
+            "socket": 41, "connect": 42, "socketpair": 53, "clone": 56, "fork": 57, "vfork": 58,
+            "execve": 59, "kill": 62, "ptrace": 101, "rt_sigqueueinfo": 129, "mount": 165,
+            "umount2": 166, "tkill": 200, "tgkill": 234, "add_key": 248, "request_key": 249,
+            "keyctl": 250, "unshare": 272, "rt_tgsigqueueinfo": 297, "perf_event_open": 298,
+            "setns": 308, "process_vm_readv": 310, "process_vm_writev": 311, "bpf": 321,
+            "execveat": 322, "userfaultfd": 323, "pidfd_send_signal": 424, "io_uring_setup": 425,
+            "io_uring_enter": 426, "io_uring_register": 427, "pidfd_open": 434, "clone3": 435,
+            "pidfd_getfd": 438,
         },
     ),
     "aarch64": (
         0xC00000B7,
         {
-            "socket": 198, "socketpair": 199, "ptrace": 117, "kill": 129, "tkill": 130,
-            "tgkill": 131, "clone": 220, "execve": 221, "execveat": 281, "clone3": 435,
+            "umount2": 39, "mount": 40, "unshare": 97, "kill": 129, "tkill": 130, "tgkill": 131,
+            "rt_sigqueueinfo": 138, "socket": 198, "socketpair": 199, "connect": 203,
+            "add_key": 217, "request_key": 218, "keyctl": 219, "clone": 220, "execve": 221,
+            "rt_tgsigqueueinfo": 240, "perf_event_open": 241, "setns": 268,
+            "process_vm_readv": 270, "process_vm_writev": 271, "bpf": 280, "execveat": 281,
+            "userfaultfd": 282, "ptrace": 117, "pidfd_send_signal": 424, "io_uring_setup": 425,
+            "io_uring_enter": 426, "io_uring_register": 427, "pidfd_open": 434, "clone3": 435,
+            "pidfd_getfd": 438,
         },
     ),
 }  # fmt: skip
@@ -354,7 +368,7 @@ def main() -> None:
         _send({"error": "the script recursed too deeply"})
         return
     except Exception as exc:  # the script's own error, reported as the run's
-        _send({"error": f"{type(exc).__name__}: {exc}"})
+        _send({"error": f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]})
         return
     _send({"return": result})
 

@@ -131,6 +131,27 @@ result = seen
 
 
 @needs_bwrap
+def test_the_child_sees_only_libraries_and_the_interpreter_all_read_only() -> None:
+    result = sandbox.run_raw_for_tests(
+        """
+import os
+seen = {"usr": sorted(os.listdir("/usr"))}
+for path in ("/etc", "/usr/local", "/usr/bin", "/home", "/tmp"):
+    seen[path] = os.path.exists(path)
+try:
+    os.mkdir("/junk")
+    seen["mkdir"] = "made"
+except OSError as exc:
+    seen["mkdir"] = exc.strerror
+result = seen
+"""
+    )
+    assert set(result["usr"]) <= {"lib", "lib64", "lib32", "libx32"}
+    assert not any(result[path] for path in ("/etc", "/usr/local", "/usr/bin", "/home", "/tmp"))
+    assert result["mkdir"] == "Read-only file system"
+
+
+@needs_bwrap
 def test_the_child_reaches_no_socket() -> None:
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
@@ -167,10 +188,20 @@ try:
     os.execv("/bin/true", ["/bin/true"])
 except OSError as exc:
     outcome["exec"] = type(exc).__name__
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+# Sockets through io_uring, and new namespaces: refused by the filter too (EPERM is 1).
+for name, number, args in (("io_uring", 425, (1, 0)), ("unshare", 272, (0x10000000,))):
+    outcome[name] = (libc.syscall(number, *args), ctypes.get_errno())
 result = outcome
 """
         )
-        assert result == {"fork": "PermissionError", "exec": "PermissionError"}, (isolation, result)
+        assert result == {
+            "fork": "PermissionError",
+            "exec": "PermissionError",
+            "io_uring": [-1, 1],
+            "unshare": [-1, 1],
+        }, (isolation, result)
 
 
 @needs_bwrap
@@ -230,6 +261,19 @@ def test_a_child_that_writes_half_a_message_and_sleeps_is_killed_at_the_deadline
             "import sys, time\nsys.stdout.write('{')\nsys.stdout.flush()\ntime.sleep(60)"
         )
     assert time.monotonic() - started < 5
+
+
+def test_a_child_that_stops_reading_cannot_block_a_write_past_the_deadline(settings: Any) -> None:
+    settings.GRUNDLAG_SANDBOX_WALL_SECONDS = 2
+    child = sandbox._Child(raw_for_tests=True)
+    try:
+        child.send({"raw": "import time\ntime.sleep(60)", "cpu_seconds": 5, "memory_bytes": 256 * 2**20})
+        started = time.monotonic()
+        with pytest.raises(sandbox.ScriptError, match="wall time"):
+            child.send({"result": "x" * 1_000_000})  # far more than a pipe holds
+        assert time.monotonic() - started < 5
+    finally:
+        child.kill()
 
 
 def test_four_stalling_children_do_not_stall_a_fifth(settings: Any) -> None:
@@ -347,3 +391,29 @@ def test_an_actions_output_too_deep_to_store_fails_the_run_saying_so(client: Cli
     assert too_deep["error"].startswith("the step's result cannot be stored: the output at [0]")
     assert Run.objects.get(pk=too_deep["id"]).output is None
     assert run_with(20)["status"] == "completed"
+
+
+def test_text_no_database_can_store_is_422_or_escaped_never_a_stuck_run(
+    client: Client, token_key: str, team: Team
+) -> None:
+    headers = {"Authorization": f"Bearer {token_key}", "Prefer": "wait=10"}
+    refused = client.post(
+        "/api/scripts/runs",
+        '{"source": "return 1", "input": {"a": "\\ud800"}}',
+        content_type="application/json",
+        headers=headers,
+    )
+    assert refused.status_code == 422 and "lone surrogate" in refused.json()["detail"][0]["msg"]
+    refused = client.post(
+        "/api/agents/runs",
+        '{"messages": [{"role": "user", "content": "hi"}], "tools": [], "model": {"scripted": [{"x": NaN}]}}',
+        content_type="application/json",
+        headers=headers,
+    )
+    assert refused.status_code == 422
+    assert not Run.objects.exists()
+    # A script's own error text with a lone surrogate, and a huge one: the run fails, readably.
+    run = run_script_over_api(client, token_key, "raise ValueError('bad ' + chr(0xD800))")
+    assert run["status"] == "failed" and run["error"] == "ValueError: bad \\ud800"
+    run = run_script_over_api(client, token_key, "raise ValueError('x' * 500000)")
+    assert run["status"] == "failed" and len(run["error"]) <= 4000
