@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import timedelta
-from functools import wraps
+from functools import partial, wraps
 from typing import Any, ParamSpec, TypeVar
 
 from django.conf import settings
@@ -986,6 +986,17 @@ def _next_seq(run_id: int) -> tuple[str, str, list[Any]]:
 # Recovering
 
 
+def _requeues_of_this_step(run_id: int) -> int:
+    """How often the run's current step was re-queued: since it started or last resumed."""
+    progress = (
+        RunEvent.objects.filter(run_id=run_id, kind__in=[RunEvent.Kind.STARTED, RunEvent.Kind.RESUMED])
+        .order_by("-id")
+        .values_list("id", flat=True)
+        .first()
+    )
+    return RunEvent.objects.filter(run_id=run_id, kind=RunEvent.Kind.REQUEUED, id__gt=progress or 0).count()
+
+
 def sweep(*, all_unfinished: bool = False) -> int:
     """Re-queue steps whose worker died and re-send queued steps whose message was lost.
 
@@ -1000,6 +1011,22 @@ def sweep(*, all_unfinished: bool = False) -> int:
         running = running.filter(lease_expires_at__lt=now)
     for run_id, attempt in running.values_list("pk", "attempt"):
         with _atomic():
+            if _requeues_of_this_step(run_id) >= settings.GRUNDLAG_MAX_STEP_REQUEUES:
+                # A step that never gets to record (it kills its worker, or its result cannot be
+                # written) would otherwise run again at every lease's end, forever.
+                error = (
+                    f"the step was re-queued {settings.GRUNDLAG_MAX_STEP_REQUEUES} times without "
+                    "recording how it ended (GRUNDLAG_MAX_STEP_REQUEUES); see the server log"
+                )
+                if Run.objects.filter(pk=run_id, status=Status.RUNNING, attempt=attempt).update(
+                    status=Status.FAILED, error=error, finished_at=now, updated_at=now, lease_expires_at=None
+                ):
+                    _log(run_id, RunEvent.Kind.FAILED, None, error=error)
+                    team_id = Run.objects.filter(pk=run_id).values_list("team_id", flat=True).get()
+                    transaction.on_commit(
+                        partial(live.notify_run, team_id, run_id, Status.FAILED, finished=True)
+                    )
+                continue
             # Conditional on the attempt: a worker that reports back meanwhile keeps its result.
             requeued = Run.objects.filter(pk=run_id, status=Status.RUNNING, attempt=attempt).update(
                 status=Status.QUEUED, updated_at=now, lease_expires_at=None

@@ -254,6 +254,8 @@ CELERY_BEAT_SCHEDULE = {
 GRUNDLAG_ACTION_MODULES = envlist("GRUNDLAG_ACTION_MODULES", "actions.examples")
 # A step that has not reported back after this many seconds is presumed lost and re-queued.
 GRUNDLAG_STEP_LEASE_SECONDS = envint("GRUNDLAG_STEP_LEASE_SECONDS", "600", minimum=1)
+# A step re-queued this often without recording how it ended fails its run.
+GRUNDLAG_MAX_STEP_REQUEUES = envint("GRUNDLAG_MAX_STEP_REQUEUES", "5", minimum=1)
 # Run each step in the process that queued it, right after commit, instead of in a Celery
 # worker: for scripts, notebooks and tests that embed the engine, as LangGraph's invoke runs a
 # graph in its caller. A process crash mid-step is recovered by the sweeper, as for a worker.

@@ -342,3 +342,27 @@ def test_the_event_log_is_append_only(team: Team, reviewer: User) -> None:
         RunEvent.objects.filter(run=run).update(actor_name="x")
     with pytest.raises(TypeError):
         RunEvent.objects.filter(run=run).delete()
+
+
+def test_a_step_that_never_records_fails_its_run_after_the_requeue_limit(
+    team: Team, reviewer: User, monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """A step whose result can never be written (or that kills its worker) is not re-run at
+    every lease's end forever."""
+    settings.GRUNDLAG_MAX_STEP_REQUEUES = 3
+
+    def disk_fails(run: Run, result: runner.StepResult) -> None:
+        raise OperationalError("disk I/O error")
+
+    monkeypatch.setattr(runner, "record", disk_fails)
+    run = runner.start_run("send_invoice", {"invoice_id": "INV-9", "amount": 3.0}, team, reviewer)
+    for _ in range(3):
+        Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+        runner.sweep()
+        run.refresh_from_db()
+        assert run.status == "running", "re-queued, claimed and lost again"
+    Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    runner.sweep()
+    run.refresh_from_db()
+    assert run.status == "failed" and "re-queued 3 times" in run.error
+    assert kinds(run).count("requeued") == 3 and kinds(run)[-1] == "failed"
