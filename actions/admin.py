@@ -13,7 +13,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from pydantic import ValidationError
 
-from actions.core import field_errors, registry
+from actions.core import describe_errors, field_errors, registry
 from actions.models import ApiToken, Interrupt, Policy, Run, RunEvent, Team
 
 # Never reachable through the admin's query string, on any model, through any relation: an
@@ -49,9 +49,7 @@ class PolicyForm(forms.ModelForm[Policy]):
             try:
                 act.validate_answer(default)
             except ValidationError as exc:
-                errors = "; ".join(
-                    f"{'.'.join(map(str, e['loc'])) or 'answer'}: {e['msg']}" for e in field_errors(exc)
-                )
+                errors = describe_errors(field_errors(exc), "answer")
                 self.add_error("default_answer", f"It does not fit {act.name}'s answer schema: {errors}")
         return cleaned
 

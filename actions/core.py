@@ -263,7 +263,7 @@ def action(
             try:
                 answer.model_validate(policy.default_answer)
             except ValidationError as exc:
-                errors = _describe_errors(field_errors(exc))
+                errors = describe_errors(field_errors(exc))
                 named = name or execute.__name__
                 problem = f"the default_answer of {named} does not fit its answer model: {errors}"
                 raise TypeError(problem) from None
@@ -314,8 +314,10 @@ def field_errors(exc: ValidationError) -> list[dict[str, Any]]:
     ]
 
 
-def _describe_errors(errors: list[dict[str, Any]]) -> str:
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}" for e in errors)
+def describe_errors(errors: list[dict[str, Any]], whole: str = "input") -> str:
+    """Field errors on one line: ``amount: must be > 0; ticket: required`` (``whole`` names a
+    value that is wrong as a whole)."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or whole}: {e['msg']}" for e in errors)
 
 
 def _run_coroutine(coroutine: Awaitable[Any]) -> Any:
@@ -346,7 +348,7 @@ def invoke(
         validated = act.input_model.model_validate(input)
     except ValidationError as exc:
         errors = field_errors(exc)
-        return Failed(f"invalid input: {_describe_errors(errors)}", field_errors=errors)
+        return Failed(f"invalid input: {describe_errors(errors)}", field_errors=errors)
 
     ctx = ActionContext(input=validated, resumption=resumption, run_id=run_id)
     try:

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import timedelta
-from functools import partial, wraps
+from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
 from django.conf import settings
@@ -38,6 +38,7 @@ from actions.core import (
     Completed,
     Failed,
     Interrupted,
+    describe_errors,
     field_errors,
     invoke,
     registry,
@@ -1009,7 +1010,7 @@ def sweep(*, all_unfinished: bool = False) -> int:
     running = Run.objects.filter(status=Status.RUNNING)
     if not all_unfinished:
         running = running.filter(lease_expires_at__lt=now)
-    for run_id, attempt in running.values_list("pk", "attempt"):
+    for run_id, attempt, team_id in running.values_list("pk", "attempt", "team_id"):
         with _atomic():
             if _requeues_of_this_step(run_id) >= settings.GRUNDLAG_MAX_STEP_REQUEUES:
                 # A step that never gets to record (it kills its worker, or its result cannot be
@@ -1022,10 +1023,7 @@ def sweep(*, all_unfinished: bool = False) -> int:
                     status=Status.FAILED, error=error, finished_at=now, updated_at=now, lease_expires_at=None
                 ):
                     _log(run_id, RunEvent.Kind.FAILED, None, error=error)
-                    team_id = Run.objects.filter(pk=run_id).values_list("team_id", flat=True).get()
-                    transaction.on_commit(
-                        partial(live.notify_run, team_id, run_id, Status.FAILED, finished=True)
-                    )
+                    _push_status_after_commit(Run(pk=run_id, team_id=team_id), Status.FAILED)
                 continue
             # Conditional on the attempt: a worker that reports back meanwhile keeps its result.
             requeued = Run.objects.filter(pk=run_id, status=Status.RUNNING, attempt=attempt).update(
@@ -1080,9 +1078,7 @@ def _apply_deadline(interrupt: Interrupt) -> None:
     try:
         answer = validate_answer(interrupt, interrupt.default_answer)
     except (InvalidInput, PayloadTooLarge) as exc:
-        errors = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'answer'}: {e['msg']}" for e in getattr(exc, "errors", [])
-        )
+        errors = describe_errors(getattr(exc, "errors", []), "answer")
         message = f"the deadline passed and its default answer is invalid: {exc}" + (
             f" ({errors})" if errors else ""
         )

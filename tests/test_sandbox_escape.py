@@ -14,7 +14,6 @@ import uuid
 from typing import Any
 
 import pytest
-from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
@@ -89,12 +88,14 @@ return {
 
 # The OS level, on its own: plain Python in the child, past every language guard.
 
-needs_bwrap = pytest.mark.skipif(
-    django_settings.GRUNDLAG_SANDBOX_ISOLATION != "bwrap", reason="the OS sandbox is off"
-)
+
+@pytest.fixture
+def bwrap(settings: Any) -> None:
+    """The OS sandbox, as by default (CI installs bubblewrap: these run, never skip)."""
+    settings.GRUNDLAG_SANDBOX_ISOLATION = "bwrap"
 
 
-@needs_bwrap
+@pytest.mark.usefixtures("bwrap")
 def test_the_child_cannot_read_the_database_the_environment_or_shadow(monkeypatch: Any) -> None:
     monkeypatch.setenv("GRUNDLAG_TEST_SECRET", "s3cret-value")
     database = str(connection.settings_dict["NAME"])
@@ -130,7 +131,7 @@ result = seen
     assert max(result["pids"]) < 10, "only its own processes"
 
 
-@needs_bwrap
+@pytest.mark.usefixtures("bwrap")
 def test_the_child_sees_only_libraries_and_the_interpreter_all_read_only() -> None:
     result = sandbox.run_raw_for_tests(
         """
@@ -151,7 +152,7 @@ result = seen
     assert result["mkdir"] == "Read-only file system"
 
 
-@needs_bwrap
+@pytest.mark.usefixtures("bwrap")
 def test_the_child_reaches_no_socket() -> None:
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
@@ -204,7 +205,7 @@ result = outcome
         }, (isolation, result)
 
 
-@needs_bwrap
+@pytest.mark.usefixtures("bwrap")
 def test_nothing_of_the_child_outlives_it(settings: Any) -> None:
     """Even a child that starts a new session and ignores signals is gone when its time is up."""
     settings.GRUNDLAG_SANDBOX_WALL_SECONDS = 2
