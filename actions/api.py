@@ -22,12 +22,12 @@ from ninja.errors import HttpError
 from ninja.security import HttpBearer
 from pydantic import Field
 
-from actions import runner
-from actions.agent import ModelError, start_agent
+from actions import engine
 from actions.core import UnknownAction, registry
-from actions.middleware import UNAVAILABLE
+from actions.drivers.agent import ModelError, start_agent
+from actions.drivers.sandbox import SandboxUnavailable, start_script
 from actions.models import ApiToken, Interrupt, Run
-from actions.sandbox import SandboxUnavailable, start_script
+from actions.web.middleware import UNAVAILABLE
 
 
 class TokenAuth(HttpBearer):
@@ -182,8 +182,8 @@ class DecidedError(Schema):
 # Errors: always JSON with a "detail".
 
 
-@api.exception_handler(runner.AlreadyDecided)
-def already_decided(request: HttpRequest, exc: runner.AlreadyDecided) -> HttpResponse:
+@api.exception_handler(engine.AlreadyDecided)
+def already_decided(request: HttpRequest, exc: engine.AlreadyDecided) -> HttpResponse:
     it = exc.interrupt
     body = {
         "detail": str(exc),
@@ -194,8 +194,8 @@ def already_decided(request: HttpRequest, exc: runner.AlreadyDecided) -> HttpRes
     return api.create_response(request, body, status=409)
 
 
-@api.exception_handler(runner.NotAllowed)
-def not_allowed(request: HttpRequest, exc: runner.NotAllowed) -> HttpResponse:
+@api.exception_handler(engine.NotAllowed)
+def not_allowed(request: HttpRequest, exc: engine.NotAllowed) -> HttpResponse:
     return api.create_response(request, {"detail": str(exc)}, status=403)
 
 
@@ -204,20 +204,20 @@ def sandbox_unavailable(request: HttpRequest, exc: SandboxUnavailable) -> HttpRe
     return api.create_response(request, {"detail": str(exc)}, status=503)
 
 
-@api.exception_handler(runner.Busy)
-def busy(request: HttpRequest, exc: runner.Busy) -> HttpResponse:
+@api.exception_handler(engine.Busy)
+def busy(request: HttpRequest, exc: engine.Busy) -> HttpResponse:
     response = api.create_response(request, {"detail": str(exc)}, status=503)
     response["Retry-After"] = "1"
     return response
 
 
-@api.exception_handler(runner.InvalidInput)
-def invalid_input(request: HttpRequest, exc: runner.InvalidInput) -> HttpResponse:
+@api.exception_handler(engine.InvalidInput)
+def invalid_input(request: HttpRequest, exc: engine.InvalidInput) -> HttpResponse:
     return api.create_response(request, {"detail": exc.errors, "message": str(exc)}, status=422)
 
 
-@api.exception_handler(runner.PayloadTooLarge)
-def too_large(request: HttpRequest, exc: runner.PayloadTooLarge) -> HttpResponse:
+@api.exception_handler(engine.PayloadTooLarge)
+def too_large(request: HttpRequest, exc: engine.PayloadTooLarge) -> HttpResponse:
     return api.create_response(request, {"detail": str(exc)}, status=413)
 
 
@@ -372,7 +372,7 @@ async def create_run(request: HttpRequest, payload: RunIn) -> Status[dict[str, A
     token = token_of(request)
 
     def start() -> Run:
-        return runner.start_run(payload.action, payload.input, token.team, token, Run.Consumer.API)
+        return engine.start_run(payload.action, payload.input, token.team, token, Run.Consumer.API)
 
     run = await sync_to_async(start)()
     return await settled_response(request, run.pk)
@@ -414,7 +414,7 @@ async def resume_interrupt(
     token = token_of(request)
 
     def decide() -> Interrupt:
-        return runner.resume(get_interrupt(token, interrupt_id), payload.data, token)
+        return engine.resume(get_interrupt(token, interrupt_id), payload.data, token)
 
     it = await sync_to_async(decide)()
     return await settled_response(request, it.run_id)
@@ -433,7 +433,7 @@ async def reject_interrupt(
     token = token_of(request)
 
     def decide() -> Interrupt:
-        return runner.reject(get_interrupt(token, interrupt_id), payload.error, token)
+        return engine.reject(get_interrupt(token, interrupt_id), payload.error, token)
 
     it = await sync_to_async(decide)()
     return await settled_response(request, it.run_id)

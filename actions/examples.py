@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from actions.core import ActionContext, ActionError, ActionInterrupt, ApprovalPolicy, action
-from actions.sandbox import script_action
+from actions.drivers.sandbox import script_action
 
 
 def approved(answer: Any) -> bool:

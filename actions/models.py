@@ -234,7 +234,7 @@ class Interrupt(models.Model):
     tool_call_id = models.CharField(max_length=200, blank=True)
     # Exactly which call its answer is for, so that the answer resumes that call and no other:
     # an agent's turn, position, action and argument hash; a script's position, action and
-    # argument hash; a plain action's name. See actions.runner.call_binding.
+    # argument hash; a plain action's name. See actions.drivers.base.call_binding.
     binding = JSONField(default=dict, blank=True)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
     answer = JSONField(null=True, blank=True)

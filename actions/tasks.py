@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from actions import runner
+from actions import engine
 
 
 @shared_task(name="actions.tasks.run_step")
 def run_step(run_id: int) -> None:
-    runner.execute_step(run_id)
+    engine.execute_step(run_id)
 
 
 @shared_task(name="actions.tasks.sweep")
 def sweep() -> int:
-    return runner.sweep()
+    return engine.sweep()
 
 
 @shared_task(name="actions.tasks.apply_policies")
 def apply_policies() -> int:
-    return runner.apply_policies()
+    return engine.apply_policies()

@@ -26,12 +26,12 @@ from tests.integration.services import Postgres, Redis  # noqa: E402
 
 MAKE_PENDING = """
 import json
-from actions import runner
+from actions import engine
 from actions.models import Team
 from grundlag_site.celery import app
 app.conf.task_always_eager = True
 team = Team.objects.get(slug="demo")
-ids = [runner.start_run("bench_pause", {{"n": i}}, team, None).interrupts.get().pk for i in range({count})]
+ids = [engine.start_run("bench_pause", {{"n": i}}, team, None).interrupts.get().pk for i in range({count})]
 print(json.dumps(ids))
 """
 

@@ -36,7 +36,7 @@ def grundlag_cycles(seconds: float) -> dict[str, Any]:
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "grundlag_site.settings")
     django.setup()
-    from actions import runner
+    from actions import engine
     from actions.models import Run, Team
     from grundlag_site.celery import app
 
@@ -45,9 +45,9 @@ def grundlag_cycles(seconds: float) -> dict[str, Any]:
     cycles = 0
     started = time.perf_counter()
     while time.perf_counter() - started < seconds:
-        run = runner.start_run("bench_pause", {"n": cycles}, team, None)
-        (interrupt,) = runner.pending_interrupts(run.pk)
-        runner.resume(interrupt, {"ok": True}, None)
+        run = engine.start_run("bench_pause", {"n": cycles}, team, None)
+        (interrupt,) = engine.pending_interrupts(run.pk)
+        engine.resume(interrupt, {"ok": True}, None)
         cycles += 1
     elapsed = time.perf_counter() - started
     completed = Run.objects.filter(team=team, status="completed").count()

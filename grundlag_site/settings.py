@@ -113,8 +113,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "actions.middleware.ApiJsonErrorsMiddleware",
-    "actions.middleware.RequestSizeLimitMiddleware",
+    "actions.web.middleware.ApiJsonErrorsMiddleware",
+    "actions.web.middleware.RequestSizeLimitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -123,7 +123,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
-    "actions.middleware.DatabaseUnavailableMiddleware",
+    "actions.web.middleware.DatabaseUnavailableMiddleware",
     "csp.middleware.CSPMiddleware",
     # Last, as django-axes asks: it turns its lock-out signal into the lock-out response.
     "axes.middleware.AxesMiddleware",
@@ -148,7 +148,7 @@ CONTENT_SECURITY_POLICY = {
 
 AUTHENTICATION_BACKENDS = [
     # First: a client address or username that failed too often recently (spraying) waits.
-    "actions.auth.SprayThrottleBackend",
+    "actions.web.auth.SprayThrottleBackend",
     # Then: refuses a locked-out (username, address) pair before any password is checked.
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
@@ -168,7 +168,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "actions.views.site_context",
+                "actions.web.views.site_context",
             ],
         },
     },
@@ -189,7 +189,7 @@ except ValueError as exc:
     raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
 if _database["ENGINE"] == "django.db.backends.sqlite3":
     if sqlite3.sqlite_version_info < (3, 35):
-        # The engine's claims and inserts use RETURNING (actions/store.py).
+        # The engine's claims and inserts use RETURNING (actions/engine/store.py).
         raise ImproperlyConfigured(
             f"SQLite 3.35 or later is required; this Python has {sqlite3.sqlite_version}"
         )
@@ -306,12 +306,12 @@ SECURE_PROXY_SSL_HEADER = (
 )
 X_FRAME_OPTIONS = "DENY"
 
-# Login throttling (django-axes, actions/auth.py): this many failures of one username from one
+# Login throttling (django-axes, actions/web/auth.py): this many failures of one username from one
 # client address lock that pair out for a while. Other users, and the same user from elsewhere,
 # log in as usual. Attempts and lock-outs are rows in the database (admin: Axes).
 GRUNDLAG_LOGIN_ATTEMPTS = envint("GRUNDLAG_LOGIN_ATTEMPTS", "5", minimum=1)
 GRUNDLAG_LOGIN_LOCKOUT_SECONDS = envint("GRUNDLAG_LOGIN_LOCKOUT_SECONDS", "900", minimum=1)
-# Wider limits with a short cool-off, against spraying (actions/auth.py): failures from one
+# Wider limits with a short cool-off, against spraying (actions/web/auth.py): failures from one
 # address (an IPv6 /64) across usernames, and of one username across addresses, in the window.
 GRUNDLAG_LOGIN_ADDRESS_ATTEMPTS = envint("GRUNDLAG_LOGIN_ADDRESS_ATTEMPTS", "30", minimum=1)
 GRUNDLAG_LOGIN_USER_ATTEMPTS = envint("GRUNDLAG_LOGIN_USER_ATTEMPTS", "20", minimum=1)
@@ -321,9 +321,9 @@ AXES_FAILURE_LIMIT = GRUNDLAG_LOGIN_ATTEMPTS
 AXES_COOLOFF_TIME = timedelta(seconds=GRUNDLAG_LOGIN_LOCKOUT_SECONDS)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
-AXES_USERNAME_CALLABLE = "actions.auth.login_username"
-AXES_CLIENT_IP_CALLABLE = "actions.auth.client_ip"
-AXES_LOCKOUT_CALLABLE = "actions.auth.locked_out"
+AXES_USERNAME_CALLABLE = "actions.web.auth.login_username"
+AXES_CLIENT_IP_CALLABLE = "actions.web.auth.client_ip"
+AXES_LOCKOUT_CALLABLE = "actions.web.auth.locked_out"
 AXES_VERBOSE = False
 # The proxies whose X-Forwarded-For names the client (addresses or networks, comma-separated).
 # The default trusts a proxy on this machine, as deploy/ sets it up; empty trusts none.

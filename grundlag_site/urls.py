@@ -5,10 +5,10 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from actions.api import api
-from actions.auth import LoginForm
+from actions.web.auth import LoginForm
 
 urlpatterns = [
-    path("", include("actions.urls")),
+    path("", include("actions.web.urls")),
     path("api/", api.urls),
     path("login/", auth_views.LoginView.as_view(form_class=LoginForm), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -14,9 +14,9 @@ from django.contrib.auth.models import User
 from django.test import Client
 from pydantic import BaseModel
 
-from actions import runner
-from actions.agent import start_agent
+from actions import engine
 from actions.core import ActionContext, action
+from actions.drivers.agent import start_agent
 from actions.models import Interrupt, Run, Team
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -68,7 +68,7 @@ def test_a_pausing_tool_call_stops_the_loop_and_resume_continues_it(team: Team, 
         "Approve sending the invoice?",
     )
 
-    runner.resume(interrupt, {"approved": True}, reviewer)
+    engine.resume(interrupt, {"approved": True}, reviewer)
     run.refresh_from_db()
     assert (run.status, run.output) == ("completed", "sent it")
     roles = [(m["role"], m.get("tool_call_id")) for m in run.driver_state["messages"]]
@@ -88,7 +88,7 @@ def test_a_rejected_tool_call_is_an_error_the_model_sees_and_the_loop_goes_on(
         ],
         ["transfer_funds"],
     )
-    runner.reject(run.interrupts.get(), "not this month", reviewer)
+    engine.reject(run.interrupts.get(), "not this month", reviewer)
     run.refresh_from_db()
     assert (run.status, run.output) == ("completed", "Understood, I will not transfer.")
     tool_message = run.driver_state["messages"][2]
@@ -123,10 +123,10 @@ def test_parallel_calls_keep_finished_results_and_wait_for_every_pause(
     assert set(pending) == {"b", "c"} and run.status == "interrupted"
     assert CALLS == ["once"]
 
-    runner.resume(pending["b"], {"approved": True}, reviewer)
+    engine.resume(pending["b"], {"approved": True}, reviewer)
     run.refresh_from_db()
     assert run.status == "interrupted", "still waiting for the second pause"
-    runner.resume(pending["c"], {"approved": True}, second_reviewer)
+    engine.resume(pending["c"], {"approved": True}, second_reviewer)
     run.refresh_from_db()
     assert (run.status, run.output) == ("completed", "all three done")
     assert CALLS == ["once"], "the finished call was not run again"
@@ -294,7 +294,7 @@ def test_the_openai_client_speaks_the_real_wire_format(
     run = start_agent([{"role": "user", "content": "send W-1"}], ["send_invoice"], "local", team, None)
     run.refresh_from_db()
     assert run.status == "interrupted" and run.interrupts.get().tool_call_id == "call_abc"
-    runner.resume(run.interrupts.get(), {"approved": True}, reviewer)
+    engine.resume(run.interrupts.get(), {"approved": True}, reviewer)
     run.refresh_from_db()
     assert (run.status, run.output) == ("completed", "The invoice is sent.")
 

@@ -12,9 +12,9 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser, User
 from django.test import Client
 
-from actions import runner
-from actions.consumers import InboxConsumer
+from actions import engine
 from actions.models import Interrupt, Run, Team
+from actions.web.consumers import InboxConsumer
 from grundlag_site.asgi import application
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -31,7 +31,7 @@ async def connect(user: Any) -> WebsocketCommunicator:
 
 @database_sync_to_async
 def start_invoice(team: Team) -> Interrupt:
-    run = runner.start_run("send_invoice", {"invoice_id": "I-1", "amount": 1}, team, None, Run.Consumer.API)
+    run = engine.start_run("send_invoice", {"invoice_id": "I-1", "amount": 1}, team, None, Run.Consumer.API)
     return run.interrupts.get()
 
 
@@ -80,7 +80,7 @@ async def test_a_new_interrupt_and_its_decision_reach_the_team_and_no_one_else(
         }
         assert 0 <= time.time() - sent_at < 5
 
-    await database_sync_to_async(runner.resume)(interrupt, {"approved": True}, reviewer)
+    await database_sync_to_async(engine.resume)(interrupt, {"approved": True}, reviewer)
     for communicator in (mine, colleague):
         decided = (await frames_until(communicator, "decided"))[-1]
         assert decided["interrupt_id"] == interrupt.pk
@@ -99,8 +99,8 @@ async def test_frames_never_carry_the_checkpoint(team: Team, reviewer: User) -> 
 
     @database_sync_to_async
     def two_pauses() -> None:
-        run = runner.start_run("transfer_funds", {"amount": 5000, "to": "X"}, team, None)
-        runner.resume(run.interrupts.get(), {"marker": "CHECKPOINT-MARKER"}, reviewer)
+        run = engine.start_run("transfer_funds", {"amount": 5000, "to": "X"}, team, None)
+        engine.resume(run.interrupts.get(), {"marker": "CHECKPOINT-MARKER"}, reviewer)
 
     await two_pauses()
     seen = []
@@ -193,7 +193,7 @@ async def test_a_run_page_socket_stops_hearing_the_run_when_its_user_leaves_the_
     await database_sync_to_async(team.members.remove)(reviewer)
     frames = [await communicator.receive_json_from(timeout=5) for _ in range(2)]
     assert {"event": "watching", "run_id": None} in frames
-    await database_sync_to_async(runner.cancel)(Run(pk=first.run_id), None)
+    await database_sync_to_async(engine.cancel)(Run(pk=first.run_id), None)
     assert await communicator.receive_nothing(timeout=0.5), "nothing of the run reaches it any more"
     await communicator.disconnect()
 
@@ -212,7 +212,7 @@ async def test_inbox_sockets_hear_interrupts_but_only_run_pages_hear_run_steps(
     await stranger.send_to(text_data=json.dumps({"watch_run": first.run_id}))
     assert await stranger.receive_json_from() == {"event": "watching", "run_id": None}
 
-    await database_sync_to_async(runner.resume)(first, {"approved": True}, reviewer)
+    await database_sync_to_async(engine.resume)(first, {"approved": True}, reviewer)
 
     async def events(communicator: WebsocketCommunicator) -> list[tuple[str, str]]:
         seen = []

@@ -9,7 +9,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from actions import runner
+from actions import engine
 from actions.models import Interrupt, Run, Team
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def start(team: Team, action: str = "send_invoice", **payload: Any) -> Interrupt:
     payload = payload or {"invoice_id": "INV-9", "amount": 12.5}
-    run = runner.start_run(action, payload, team, None, Run.Consumer.API)
+    run = engine.start_run(action, payload, team, None, Run.Consumer.API)
     return run.interrupts.get(status="pending")
 
 
@@ -177,7 +177,7 @@ def test_the_panel_refetch_keeps_a_pending_form_and_replaces_a_decided_one(
     client = logged_in(second_reviewer)
     url = f"/interrupts/{it.pk}/?panel=1&known=pending"
     assert client.get(url, headers={"HX-Request": "true"}).status_code == 204
-    runner.resume(it, {"approved": True}, reviewer)
+    engine.resume(it, {"approved": True}, reviewer)
     response = client.get(url, headers={"HX-Request": "true"})
     assert (
         response.status_code == 200
@@ -187,9 +187,9 @@ def test_the_panel_refetch_keeps_a_pending_form_and_replaces_a_decided_one(
 
 def test_the_run_page_shows_the_transcript(team: Team, reviewer: User) -> None:
     it = start(team, "transfer_funds", amount=2000.0, to="DE12")
-    runner.resume(it, {"approved": True, "comment": "first ok"}, reviewer)
+    engine.resume(it, {"approved": True, "comment": "first ok"}, reviewer)
     second = Interrupt.objects.get(run=it.run_id, seq=2)
-    runner.reject(second, "limit reached", reviewer)
+    engine.reject(second, "limit reached", reviewer)
     page = logged_in(reviewer).get(f"/runs/{it.run_id}/").content.decode()
     order = [
         "Started by",

@@ -13,7 +13,9 @@ from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from actions import runner
+from actions import engine
+from actions.drivers.base import StepResult
+from actions.engine import steps as engine_steps
 from actions.models import Interrupt, Run, RunEvent, Team
 from grundlag_site.celery import app as celery_app
 
@@ -52,7 +54,7 @@ def commits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def start(team: Team, by: User, action: str = "send_invoice", **payload: Any) -> Run:
     payload = payload or {"invoice_id": "INV-1", "amount": 10.0}
-    run = runner.start_run(action, payload, team, by)
+    run = engine.start_run(action, payload, team, by)
     run.refresh_from_db()
     return run
 
@@ -72,7 +74,7 @@ def test_a_run_pauses_once_and_completes_with_the_answer(team: Team, reviewer: U
     assert (interrupt.seq, interrupt.message) == (1, "Approve sending the invoice?")
     assert interrupt.data == {"invoice_id": "INV-1", "amount": 10.0}
 
-    runner.resume(interrupt, {"approved": True, "comment": "ok"}, reviewer)
+    engine.resume(interrupt, {"approved": True, "comment": "ok"}, reviewer)
 
     run.refresh_from_db()
     assert run.status == Run.Status.COMPLETED
@@ -90,11 +92,11 @@ def test_two_pauses_carry_the_checkpoint_from_the_first_to_the_second(
     requester: User, team: Team, reviewer: User, second_reviewer: User
 ) -> None:
     run = start(team, requester, "transfer_funds", amount=5000.0, to="DE12")
-    runner.resume(pending(run), {"approved": True, "by": "first"}, reviewer)
+    engine.resume(pending(run), {"approved": True, "by": "first"}, reviewer)
     second = pending(run)
     assert second.seq == 2
     assert second.state == {"first_answer": {"approved": True, "by": "first"}}
-    runner.resume(second, {"approved": True, "by": "second"}, second_reviewer)
+    engine.resume(second, {"approved": True, "by": "second"}, second_reviewer)
     run.refresh_from_db()
     assert run.status == Run.Status.COMPLETED
     assert run.output == {
@@ -108,19 +110,19 @@ def test_small_transfer_needs_one_approval_and_a_declining_answer_fails_the_run(
     requester: User, team: Team, reviewer: User
 ) -> None:
     small = start(team, requester, "transfer_funds", amount=10.0, to="DE12")
-    runner.resume(pending(small), {"approved": True}, reviewer)
+    engine.resume(pending(small), {"approved": True}, reviewer)
     small.refresh_from_db()
     assert small.output == {"transferred": True, "answers": [{"approved": True}]}
 
     declined = start(team, requester, "transfer_funds", amount=10.0, to="DE12")
-    runner.resume(pending(declined), {"approved": False}, reviewer)
+    engine.resume(pending(declined), {"approved": False}, reviewer)
     declined.refresh_from_db()
     assert (declined.status, declined.error) == ("failed", "transfer declined")
 
 
 def test_reject_ends_the_run_rejected_with_the_reason(team: Team, reviewer: User) -> None:
     run = start(team, reviewer)
-    runner.reject(pending(run), "wrong customer", reviewer)
+    engine.reject(pending(run), "wrong customer", reviewer)
     run.refresh_from_db()
     assert (run.status, run.error) == ("rejected", "wrong customer")
     assert run.finished_at is not None
@@ -134,8 +136,8 @@ def test_reject_ends_the_run_rejected_with_the_reason(team: Team, reviewer: User
 
 def test_reject_without_a_reason_is_refused_and_changes_nothing(team: Team, reviewer: User) -> None:
     run = start(team, reviewer)
-    with pytest.raises(runner.InvalidInput):
-        runner.reject(pending(run), "   ", reviewer)
+    with pytest.raises(engine.InvalidInput):
+        engine.reject(pending(run), "   ", reviewer)
     assert pending(run).status == "pending"
 
 
@@ -144,8 +146,8 @@ def test_an_answer_that_does_not_fit_the_answer_model_changes_nothing(
 ) -> None:
     run = start(team, requester, "delete_customer_data", customer_id="cus_1")
     interrupt = pending(run)
-    with pytest.raises(runner.InvalidAnswer) as caught:
-        runner.resume(interrupt, {"confirm_customer_id": "cus_1", "scope": "all of it"}, reviewer)
+    with pytest.raises(engine.InvalidAnswer) as caught:
+        engine.resume(interrupt, {"confirm_customer_id": "cus_1", "scope": "all of it"}, reviewer)
     locs = {tuple(error["loc"]) for error in caught.value.errors}
     assert locs == {("scope",), ("ticket",)}
     interrupt.refresh_from_db()
@@ -156,11 +158,11 @@ def test_an_answer_that_does_not_fit_the_answer_model_changes_nothing(
 
 def test_a_typed_answer_that_does_not_match_pauses_again(requester: User, team: Team, reviewer: User) -> None:
     run = start(team, requester, "delete_customer_data", customer_id="cus_1")
-    runner.resume(pending(run), {"confirm_customer_id": "cus_2", "ticket": "T-9"}, reviewer)
+    engine.resume(pending(run), {"confirm_customer_id": "cus_2", "ticket": "T-9"}, reviewer)
     again = pending(run)
     assert again.seq == 2 and isinstance(again.data, dict)
     assert again.data["previous_confirmation"] == "cus_2"
-    runner.resume(again, {"confirm_customer_id": "cus_1", "ticket": "T-9", "scope": "everything"}, reviewer)
+    engine.resume(again, {"confirm_customer_id": "cus_1", "ticket": "T-9", "scope": "everything"}, reviewer)
     run.refresh_from_db()
     assert run.output == {"deleted": "cus_1", "scope": "everything", "ticket": "T-9"}
 
@@ -170,11 +172,11 @@ def test_a_second_decision_is_refused_naming_who_decided_and_when(
 ) -> None:
     run = start(team, reviewer)
     interrupt = pending(run)
-    runner.resume(interrupt, {"approved": True}, reviewer)
-    with pytest.raises(runner.AlreadyDecided, match=r"already approved by reviewer1 at \d{4}-\d\d-\d\d"):
-        runner.reject(interrupt, "too late", second_reviewer)
-    with pytest.raises(runner.AlreadyDecided):
-        runner.resume(interrupt, {"approved": True}, second_reviewer)
+    engine.resume(interrupt, {"approved": True}, reviewer)
+    with pytest.raises(engine.AlreadyDecided, match=r"already approved by reviewer1 at \d{4}-\d\d-\d\d"):
+        engine.reject(interrupt, "too late", second_reviewer)
+    with pytest.raises(engine.AlreadyDecided):
+        engine.resume(interrupt, {"approved": True}, second_reviewer)
     assert kinds(run).count("resumed") == 1
 
 
@@ -189,9 +191,9 @@ def test_two_reviewers_deciding_at_once_give_exactly_one_decision_and_one_resume
     def decide(user: User) -> None:
         try:
             barrier.wait()
-            runner.resume(interrupt, {"approved": True, "who": user.username}, user)
+            engine.resume(interrupt, {"approved": True, "who": user.username}, user)
             outcomes[user.username] = "won"
-        except runner.AlreadyDecided as exc:
+        except engine.AlreadyDecided as exc:
             outcomes[user.username] = str(exc)
         finally:
             connection.close()
@@ -213,22 +215,22 @@ def test_two_reviewers_deciding_at_once_give_exactly_one_decision_and_one_resume
 
 
 def test_invalid_input_is_refused_before_a_run_exists(team: Team, reviewer: User) -> None:
-    with pytest.raises(runner.InvalidInput) as caught:
-        runner.start_run("send_invoice", {"invoice_id": "", "amount": -1}, team, reviewer)
+    with pytest.raises(engine.InvalidInput) as caught:
+        engine.start_run("send_invoice", {"invoice_id": "", "amount": -1}, team, reviewer)
     assert {tuple(e["loc"]) for e in caught.value.errors} == {("invoice_id",), ("amount",)}
     assert not Run.objects.exists()
 
 
 def test_oversized_input_is_refused_naming_the_limit(team: Team, reviewer: User, settings: Any) -> None:
     settings.GRUNDLAG_MAX_PAYLOAD_BYTES = 1024
-    with pytest.raises(runner.PayloadTooLarge, match="the limit is 1024 bytes"):
-        runner.start_run("send_invoice", {"invoice_id": "x" * 2000, "amount": 1}, team, reviewer)
+    with pytest.raises(engine.PayloadTooLarge, match="the limit is 1024 bytes"):
+        engine.start_run("send_invoice", {"invoice_id": "x" * 2000, "amount": 1}, team, reviewer)
     assert not Run.objects.exists()
 
 
 def test_a_claim_is_taken_once_so_a_duplicate_delivery_runs_nothing(team: Team, reviewer: User) -> None:
     run = start(team, reviewer)
-    runner.execute_step(run.pk)  # a redelivered message for the step that already ran
+    engine.execute_step(run.pk)  # a redelivered message for the step that already ran
     run.refresh_from_db()
     assert run.interrupts.count() == 1 and kinds(run).count("claimed") == 1
 
@@ -238,14 +240,14 @@ def test_inline_steps_run_in_the_callers_process_and_claim_as_they_queue(
     team: Team, reviewer: User, no_worker: None, commits: list[int]
 ) -> None:
     with CaptureQueriesContext(connection) as queries:
-        run = runner.start_run("send_invoice", {"invoice_id": "INV-7", "amount": 3.0}, team, reviewer)
-        (interrupt,) = runner.pending_interrupts(run.pk)
+        run = engine.start_run("send_invoice", {"invoice_id": "INV-7", "amount": 3.0}, team, reviewer)
+        (interrupt,) = engine.pending_interrupts(run.pk)
         assert (interrupt.seq, interrupt.data) == (1, {"invoice_id": "INV-7", "amount": 3.0})
-        runner.resume(interrupt, {"approved": True}, reviewer)
+        engine.resume(interrupt, {"approved": True}, reviewer)
 
     run.refresh_from_db()
     assert run.status == "completed" and run.attempt == 2
-    assert runner.pending_interrupts(run.pk) == []
+    assert engine.pending_interrupts(run.pk) == []
     assert kinds(run) == ["started", "claimed", "interrupted", "approved", "resumed", "claimed", "completed"]
     # Start and claim, the pause, the decision and claim, the end: the claims cost no
     # transaction of their own (steps in workers take six), and each transaction writes its
@@ -255,29 +257,30 @@ def test_inline_steps_run_in_the_callers_process_and_claim_as_they_queue(
     # One checks the reviewer's membership; PostgreSQL also locks the run for the decision.
     expected = 14 + (1 if connection.features.has_select_for_update else 0)
     assert len(statements) == expected, "\n".join(statements)
-    assert sum(sql.startswith("INSERT INTO actions_runevent") for sql in statements) == 4
+    events = connection.ops.quote_name(RunEvent._meta.db_table)
+    assert sum(sql.startswith(f"INSERT INTO {events}") for sql in statements) == 4
 
 
 @pytest.mark.parametrize("steps", ["inline steps"], indirect=True)
 def test_an_inline_step_that_dies_before_recording_is_handed_on_when_its_lease_runs_out(
     team: Team, reviewer: User, monkeypatch: pytest.MonkeyPatch, caplog: Any
 ) -> None:
-    record = runner.record
+    record = engine.record
 
-    def disk_fails(run: Run, result: runner.StepResult) -> None:
+    def disk_fails(run: Run, result: StepResult) -> None:
         raise OperationalError("disk I/O error")
 
-    monkeypatch.setattr(runner, "record", disk_fails)
-    run = runner.start_run("send_invoice", {"invoice_id": "INV-8", "amount": 3.0}, team, reviewer)
+    monkeypatch.setattr(engine_steps, "record", disk_fails)
+    run = engine.start_run("send_invoice", {"invoice_id": "INV-8", "amount": 3.0}, team, reviewer)
     run.refresh_from_db()
     # The caller's start is committed; the step holds its lease, as a worker that died would.
     assert run.status == "running" and run.lease_expires_at is not None
     assert "the sweeper will retry it" in caplog.text
 
-    monkeypatch.setattr(runner, "record", record)
-    assert runner.sweep() == 0  # the lease has not run out
+    monkeypatch.setattr(engine_steps, "record", record)
+    assert engine.sweep() == 0  # the lease has not run out
     Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    assert runner.sweep() == 1
+    assert engine.sweep() == 1
     run.refresh_from_db()
     assert run.status == "interrupted" and run.attempt == 2
     assert kinds(run) == ["started", "claimed", "requeued", "claimed", "interrupted"]
@@ -287,12 +290,12 @@ def test_pending_interrupts_are_the_undecided_ones_in_order(
     requester: User, team: Team, reviewer: User
 ) -> None:
     run = start(team, requester, "transfer_funds", amount=5000.0, to="DE12")
-    (first,) = runner.pending_interrupts(run.pk)
-    runner.resume(first, {"approved": True}, reviewer)
-    (second,) = runner.pending_interrupts(run.pk)
+    (first,) = engine.pending_interrupts(run.pk)
+    engine.resume(first, {"approved": True}, reviewer)
+    (second,) = engine.pending_interrupts(run.pk)
     assert (first.seq, second.seq) == (1, 2) and second.status == "pending"
-    runner.reject(second, "no", reviewer)
-    assert runner.pending_interrupts(run.pk) == []
+    engine.reject(second, "no", reviewer)
+    assert engine.pending_interrupts(run.pk) == []
 
 
 def test_the_sweeper_requeues_a_step_whose_worker_died(team: Team, reviewer: User) -> None:
@@ -301,10 +304,10 @@ def test_the_sweeper_requeues_a_step_whose_worker_died(team: Team, reviewer: Use
     Run.objects.filter(pk=run.pk).update(
         status="running", attempt=1, lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
-    assert runner.sweep() == 1
+    assert engine.sweep() == 1
     run.refresh_from_db()
     assert run.status == "interrupted" and run.attempt == 2
-    assert runner.sweep() == 0
+    assert engine.sweep() == 0
 
 
 def test_a_worker_that_lost_its_lease_cannot_overwrite_the_new_attempt(team: Team, reviewer: User) -> None:
@@ -312,21 +315,21 @@ def test_a_worker_that_lost_its_lease_cannot_overwrite_the_new_attempt(team: Tea
     Run.objects.filter(pk=run.pk).update(status="running", attempt=1)
     stale = Run.objects.get(pk=run.pk)
     Run.objects.filter(pk=run.pk).update(attempt=2)  # the sweeper re-queued it; another worker claimed it
-    runner.record(stale, runner.StepResult(Run.Status.FAILED, error="late"))
+    engine.record(stale, StepResult(Run.Status.FAILED, error="late"))
     run.refresh_from_db()
     assert run.status == "running" and run.error == ""
 
 
 def test_cancel_ends_the_run_and_its_pending_interrupt(team: Team, reviewer: User) -> None:
     run = start(team, reviewer)
-    runner.cancel(run, reviewer)
+    engine.cancel(run, reviewer)
     run.refresh_from_db()
     assert run.status == "cancelled"
     assert run.interrupts.get().status == "cancelled"
-    with pytest.raises(runner.AlreadyDecided, match="already cancelled by reviewer1"):
-        runner.resume(run.interrupts.get(), {"approved": True}, reviewer)
-    with pytest.raises(runner.NotCancellable):
-        runner.cancel(run, reviewer)
+    with pytest.raises(engine.AlreadyDecided, match="already cancelled by reviewer1"):
+        engine.resume(run.interrupts.get(), {"approved": True}, reviewer)
+    with pytest.raises(engine.NotCancellable):
+        engine.cancel(run, reviewer)
 
 
 def test_the_event_log_is_append_only(team: Team, reviewer: User) -> None:
@@ -351,18 +354,18 @@ def test_a_step_that_never_records_fails_its_run_after_the_requeue_limit(
     every lease's end forever."""
     settings.GRUNDLAG_MAX_STEP_REQUEUES = 3
 
-    def disk_fails(run: Run, result: runner.StepResult) -> None:
+    def disk_fails(run: Run, result: StepResult) -> None:
         raise OperationalError("disk I/O error")
 
-    monkeypatch.setattr(runner, "record", disk_fails)
-    run = runner.start_run("send_invoice", {"invoice_id": "INV-9", "amount": 3.0}, team, reviewer)
+    monkeypatch.setattr(engine_steps, "record", disk_fails)
+    run = engine.start_run("send_invoice", {"invoice_id": "INV-9", "amount": 3.0}, team, reviewer)
     for _ in range(3):
         Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-        runner.sweep()
+        engine.sweep()
         run.refresh_from_db()
         assert run.status == "running", "re-queued, claimed and lost again"
     Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    runner.sweep()
+    engine.sweep()
     run.refresh_from_db()
     assert run.status == "failed" and "re-queued 3 times" in run.error
     assert kinds(run).count("requeued") == 3 and kinds(run)[-1] == "failed"

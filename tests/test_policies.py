@@ -13,7 +13,7 @@ from django.test import Client
 from django.utils import timezone
 from pydantic import BaseModel
 
-from actions import runner
+from actions import engine
 from actions.core import ActionContext, ActionInterrupt, ApprovalPolicy, action
 from actions.models import ApiToken, Interrupt, Policy, Run, Team
 
@@ -45,7 +45,7 @@ register("policy_assigned", ApprovalPolicy(assignees=("reviewer2",)))
 
 
 def start(team: Team, name: str) -> Interrupt:
-    run = runner.start_run(name, {"name": "thing"}, team, None)
+    run = engine.start_run(name, {"name": "thing"}, team, None)
     return run.interrupts.get()
 
 
@@ -56,8 +56,8 @@ def later(minutes: int) -> Any:
 def test_a_deadline_applies_the_default_answer_recorded_as_the_policy(team: Team) -> None:
     interrupt = start(team, "policy_auto")
     assert interrupt.expires_at is not None
-    assert runner.apply_policies(now=later(30)) == 0
-    assert runner.apply_policies(now=later(61)) == 1
+    assert engine.apply_policies(now=later(30)) == 0
+    assert engine.apply_policies(now=later(61)) == 1
     interrupt.refresh_from_db()
     assert (interrupt.status, interrupt.decided_by_name, interrupt.decided_by) == (
         "approved",
@@ -66,18 +66,18 @@ def test_a_deadline_applies_the_default_answer_recorded_as_the_policy(team: Team
     )
     run = Run.objects.get(pk=interrupt.run_id)
     assert run.status == "completed" and run.output == {"answer": {"approved": True, "by": "default"}}
-    assert runner.apply_policies(now=later(120)) == 0, "exactly once"
+    assert engine.apply_policies(now=later(120)) == 0, "exactly once"
 
 
 def test_without_a_default_answer_the_interrupt_expires_and_the_run_fails_clearly(team: Team) -> None:
     interrupt = start(team, "policy_expiring")
-    runner.apply_policies(now=later(31))
+    engine.apply_policies(now=later(31))
     interrupt.refresh_from_db()
     run = Run.objects.get(pk=interrupt.run_id)
     assert interrupt.status == "expired" and run.status == "failed"
     assert run.error.startswith("the approval expired at ") and run.error.endswith("without a decision")
-    with pytest.raises(runner.AlreadyDecided, match="already expired by deadline policy"):
-        runner.resume(interrupt, {"approved": True}, None)
+    with pytest.raises(engine.AlreadyDecided, match="already expired by deadline policy"):
+        engine.resume(interrupt, {"approved": True}, None)
 
 
 def race_deadline_against(team: Team, reviewer: User) -> None:
@@ -88,16 +88,16 @@ def race_deadline_against(team: Team, reviewer: User) -> None:
     def reviewer_approves() -> None:
         barrier.wait()
         try:
-            runner.resume(interrupt, {"approved": True, "by": "reviewer"}, reviewer)
+            engine.resume(interrupt, {"approved": True, "by": "reviewer"}, reviewer)
             outcome["reviewer"] = "won"
-        except runner.AlreadyDecided:
+        except engine.AlreadyDecided:
             outcome["reviewer"] = "lost"
         finally:
             connection.close()
 
     def deadline_fires() -> None:
         barrier.wait()
-        outcome["policy"] = runner.apply_policies(now=later(61))
+        outcome["policy"] = engine.apply_policies(now=later(61))
         connection.close()
 
     threads = [threading.Thread(target=reviewer_approves), threading.Thread(target=deadline_fires)]
@@ -135,7 +135,7 @@ def test_four_eyes_needs_two_different_people_and_any_reject_rejects(
     )
 
     # Each approver's comment is their own: the decision they agree on is "approved".
-    runner.resume(interrupt, {"approved": True, "comment": "checked the ledger"}, second_reviewer)
+    engine.resume(interrupt, {"approved": True, "comment": "checked the ledger"}, second_reviewer)
     run = Run.objects.get(pk=interrupt.run_id)
     assert run.status == "completed"
     assert run.output == {"answer": {"approved": True, "comment": "checked the ledger"}}
@@ -145,16 +145,16 @@ def test_four_eyes_needs_two_different_people_and_any_reject_rejects(
     ]
 
     other = start(team, "policy_four_eyes")
-    runner.resume(other, {"approved": True}, reviewer)
-    runner.reject(other, "not convinced", second_reviewer)
+    engine.resume(other, {"approved": True}, reviewer)
+    engine.reject(other, "not convinced", second_reviewer)
     assert Run.objects.get(pk=other.run_id).status == "rejected"
 
 
 def test_an_api_token_cannot_be_one_of_several_required_approvers(team: Team) -> None:
     interrupt = start(team, "policy_four_eyes")
     token = ApiToken.issue(team, "bot")[0]
-    with pytest.raises(runner.NotAllowed, match="an API token is not a person"):
-        runner.resume(interrupt, {"approved": True}, token)
+    with pytest.raises(engine.NotAllowed, match="an API token is not a person"):
+        engine.resume(interrupt, {"approved": True}, token)
 
 
 def test_escalation_shows_the_interrupt_to_the_other_team_and_lets_it_decide(
@@ -164,8 +164,8 @@ def test_escalation_shows_the_interrupt_to_the_other_team_and_lets_it_decide(
     client = Client()
     client.force_login(outsider)
     assert client.get(f"/interrupts/{interrupt.pk}/").status_code == 404
-    assert runner.apply_policies(now=later(11)) == 1
-    assert runner.apply_policies(now=later(12)) == 0
+    assert engine.apply_policies(now=later(11)) == 1
+    assert engine.apply_policies(now=later(12)) == 0
     inbox = client.get("/").content.decode()
     assert f"interrupt-{interrupt.pk}" in inbox and "escalated to Payroll" in inbox
     # The original team still has it too.
@@ -192,16 +192,16 @@ def test_an_assigned_interrupt_is_decided_only_by_its_assignees(
         headers={"Authorization": f"Bearer {token_key}"},
     )  # fmt: skip
     assert api.status_code == 403 and api.json()["detail"] == "Only reviewer2 may decide this."
-    runner.resume(interrupt, {"approved": True}, second_reviewer)
+    engine.resume(interrupt, {"approved": True}, second_reviewer)
     assert Run.objects.get(pk=interrupt.run_id).status == "completed"
 
 
 def test_a_team_policy_in_the_admin_overrides_the_actions(team: Team, second_reviewer: User) -> None:
     Policy.objects.create(team=team, action="send_invoice", approvals_required=2, deadline_minutes=5)
-    run = runner.start_run("send_invoice", {"invoice_id": "P-1", "amount": 1}, team, None)
+    run = engine.start_run("send_invoice", {"invoice_id": "P-1", "amount": 1}, team, None)
     interrupt = run.interrupts.get()
     assert interrupt.approvals_required == 2 and interrupt.expires_at is not None
-    runner.apply_policies(now=later(6))
+    engine.apply_policies(now=later(6))
     interrupt.refresh_from_db()
     assert interrupt.status == "expired"
 

@@ -10,11 +10,11 @@ from django.contrib.auth.models import User
 from django.test import Client
 from pydantic import BaseModel
 
-from actions import runner
-from actions.agent import start_agent
+from actions import engine
 from actions.core import ActionContext, action
+from actions.drivers.agent import start_agent
+from actions.drivers.sandbox import run_script, start_script
 from actions.models import Run, Team
-from actions.sandbox import run_script, start_script
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -58,7 +58,7 @@ def test_a_paused_call_is_replayed_without_running_logged_calls_again(team: Team
     interrupt = run.interrupts.get()
     assert (interrupt.action, interrupt.message) == ("send_invoice", "Approve sending the invoice?")
 
-    runner.resume(interrupt, {"approved": True}, reviewer)
+    engine.resume(interrupt, {"approved": True}, reviewer)
     run.refresh_from_db()
     assert (run.status, run.output) == ("completed", ["before", True, "after"])
     assert EFFECTS == ["before", "after"], "the logged call was replayed, not run again"
@@ -74,18 +74,18 @@ second = tools.transfer_funds(amount=20, to="B")
 return [first["transferred"], second["transferred"]]
 """
     run = script(team, source)
-    runner.resume(run.interrupts.get(seq=1), {"approved": True}, reviewer)
+    engine.resume(run.interrupts.get(seq=1), {"approved": True}, reviewer)
     run.refresh_from_db()
     assert run.status == "interrupted" and len(run.driver_state["call_log"]) == 1
     assert run.driver_state["paused"]["position"] == 1
-    runner.resume(run.interrupts.get(seq=2), {"approved": True}, reviewer)
+    engine.resume(run.interrupts.get(seq=2), {"approved": True}, reviewer)
     run.refresh_from_db()
     assert (run.status, run.output) == ("completed", [True, True])
 
 
 def test_a_rejected_call_ends_the_script_run_rejected(team: Team, reviewer: User) -> None:
     run = script(team, THREE_CALLS, invoice="S-2")
-    runner.reject(run.interrupts.get(), "not now", reviewer)
+    engine.reject(run.interrupts.get(), "not now", reviewer)
     run.refresh_from_db()
     assert (run.status, run.error) == ("rejected", "not now")
 
@@ -97,7 +97,7 @@ def test_a_script_that_diverges_from_its_log_fails_naming_the_position(team: Tea
     state = run.driver_state
     state["call_log"][0]["input"] = {"text": "something else"}
     Run.objects.filter(pk=run.pk).update(driver_state=state)
-    runner.resume(run.interrupts.get(), {"approved": True}, reviewer)
+    engine.resume(run.interrupts.get(), {"approved": True}, reviewer)
     run.refresh_from_db()
     assert run.status == "failed"
     assert run.error == (
@@ -183,13 +183,13 @@ def test_the_script_api_reports_the_call_log_and_where_it_paused(team: Team, tok
 
 
 def test_a_registered_script_is_an_action_for_the_api_and_for_agents(team: Team, reviewer: User) -> None:
-    run = runner.start_run(
+    run = engine.start_run(
         "bill_customer", {"customer_id": "c7", "invoice_id": "B-7", "amount": 70}, team, None
     )
     run.refresh_from_db()
     interrupt = run.interrupts.get()
     assert (interrupt.action, interrupt.message) == ("bill_customer", "Approve sending the invoice?")
-    runner.resume(interrupt, {"approved": True}, reviewer)
+    engine.resume(interrupt, {"approved": True}, reviewer)
     run.refresh_from_db()
     assert run.output == {"customer": "Customer 154", "sent": True, "invoice_id": "B-7"}
 
@@ -210,7 +210,7 @@ def test_a_registered_script_is_an_action_for_the_api_and_for_agents(team: Team,
     )
     agent_run.refresh_from_db()
     assert agent_run.status == "interrupted" and agent_run.interrupts.get().tool_call_id == "b"
-    runner.resume(agent_run.interrupts.get(), {"approved": True}, reviewer)
+    engine.resume(agent_run.interrupts.get(), {"approved": True}, reviewer)
     agent_run.refresh_from_db()
     assert (agent_run.status, agent_run.output) == ("completed", "billed")
 

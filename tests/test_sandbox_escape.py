@@ -19,8 +19,8 @@ from django.db import connection
 from django.test import Client
 from pydantic import BaseModel
 
-from actions import sandbox
 from actions.core import ActionContext, ActionInterrupt, action
+from actions.drivers import sandbox
 from actions.models import Interrupt, Run, Team
 
 pytestmark = pytest.mark.django_db(transaction=True)

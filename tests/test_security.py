@@ -14,10 +14,10 @@ from django.core.management import call_command
 from django.test import Client
 from pydantic import BaseModel
 
-from actions import runner
-from actions.consumers import InboxConsumer
+from actions import engine
 from actions.core import ActionContext, ActionInterrupt, action
 from actions.models import ApiToken, Interrupt, Run, RunEvent, Team
+from actions.web.consumers import InboxConsumer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -123,7 +123,7 @@ def test_the_checkpoint_never_leaves_the_server(
 
 
 def test_only_superusers_see_a_checkpoint_and_each_view_is_logged(team: Team, auditor: User) -> None:
-    run = runner.start_run("privacy_probe", {"label": "x"}, team, None)
+    run = engine.start_run("privacy_probe", {"label": "x"}, team, None)
     interrupt = run.interrupts.get()
     url = f"/admin/actions/interrupt/{interrupt.pk}/checkpoint/"
     auditor.is_superuser = False
@@ -137,7 +137,7 @@ def test_only_superusers_see_a_checkpoint_and_each_view_is_logged(team: Team, au
 
 
 def test_forms_need_a_csrf_token(team: Team, reviewer: User) -> None:
-    run = runner.start_run("send_invoice", {"invoice_id": "A", "amount": 1}, team, None)
+    run = engine.start_run("send_invoice", {"invoice_id": "A", "amount": 1}, team, None)
     interrupt = run.interrupts.get()
     client = Client(enforce_csrf_checks=True)
     client.force_login(reviewer)
@@ -186,7 +186,7 @@ def test_oversized_and_deeply_nested_payloads_are_refused_naming_the_limit(
     deep: Any = "bottom"
     for _ in range(200):
         deep = [deep]
-    run = runner.start_run("send_invoice", {"invoice_id": "A", "amount": 1}, team, None)
+    run = engine.start_run("send_invoice", {"invoice_id": "A", "amount": 1}, team, None)
     url = f"/api/interrupts/{run.interrupts.get().pk}/resume"
     response = client.post(url, json.dumps({"data": deep}), content_type="application/json", headers=headers)
     assert response.status_code == 422 and "nested deeper than 32 levels" in json.dumps(response.json())
@@ -200,7 +200,7 @@ def test_oversized_and_deeply_nested_payloads_are_refused_naming_the_limit(
 def test_answers_to_closed_interrupts_are_refused_and_change_nothing(
     final: str, team: Team, reviewer: User, token_key: str
 ) -> None:
-    run = runner.start_run("send_invoice", {"invoice_id": "A", "amount": 1}, team, None)
+    run = engine.start_run("send_invoice", {"invoice_id": "A", "amount": 1}, team, None)
     Interrupt.objects.filter(run=run).update(status=final)
     interrupt = run.interrupts.get()
     response = Client().post(
@@ -237,7 +237,7 @@ def test_no_admin_changelist_filters_by_a_private_field(
     """A staff user could read a checkpoint (a PIN) one character at a time by filtering on it."""
     from django.contrib import admin
 
-    run = runner.start_run("privacy_probe", {"label": "pin"}, team, None, Run.Consumer.API)
+    run = engine.start_run("privacy_probe", {"label": "pin"}, team, None, Run.Consumer.API)
     assert run.interrupts.get().state["secret"] == MARKER
     ApiToken.issue(team, "ci")
     checked = 0
@@ -285,8 +285,8 @@ def test_nan_and_infinity_are_422_naming_the_field_and_store_nothing(
 def test_an_answer_with_nan_is_422_and_the_interrupt_stays_pending(
     client: Client, team: Team, token_key: str
 ) -> None:
-    run = runner.start_run("send_invoice", {"invoice_id": "A", "amount": 1}, team, None)
-    (interrupt,) = runner.pending_interrupts(run.pk)
+    run = engine.start_run("send_invoice", {"invoice_id": "A", "amount": 1}, team, None)
+    (interrupt,) = engine.pending_interrupts(run.pk)
     response = client.post(
         f"/api/interrupts/{interrupt.pk}/resume",
         '{"data": {"approved": true, "score": NaN}}',

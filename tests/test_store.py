@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from actions import store
+from actions.engine import store
 from actions.models import Interrupt, Run, RunEvent, Team
 
 pytestmark = pytest.mark.django_db

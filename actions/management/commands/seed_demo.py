@@ -7,8 +7,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
-from actions import runner
-from actions.agent import start_agent
+from actions import engine
+from actions.drivers.agent import start_agent
 from actions.models import ApiToken, Policy, Run, Team
 
 DEMO_RUNS = [
@@ -90,7 +90,7 @@ class Command(BaseCommand):
         started = 0
         if not options["no_runs"] and not Run.objects.filter(team=team).exists():
             for action_name, payload in DEMO_RUNS:
-                runner.start_run(action_name, payload, team, people["reviewer2"], Run.Consumer.DASHBOARD)
+                engine.start_run(action_name, payload, team, people["reviewer2"], Run.Consumer.DASHBOARD)
                 started += 1
             start_agent(
                 DEMO_AGENT_MESSAGES,

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections
 
-from actions import runner
+from actions import engine
 
 logger = logging.getLogger("actions")
 
@@ -39,7 +39,7 @@ class Command(BaseCommand):
             worker = start_embedded_worker()
             # This process is the only worker, so a step left running was left by a process
             # that died: re-queue it now instead of waiting for its lease to run out.
-            recovered = runner.sweep(all_unfinished=True)
+            recovered = engine.sweep(all_unfinished=True)
             if recovered:
                 logger.info("re-queued %s run(s) left unfinished by the last process", recovered)
             threading.Thread(target=sweep_periodically, args=(stop,), daemon=True).start()
@@ -92,9 +92,9 @@ def run_periodic_tick(*, sweep: bool) -> None:
     does not stop deadlines and sweeps until the process restarts."""
     close_old_connections()
     try:
-        runner.apply_policies()
+        engine.apply_policies()
         if sweep:
-            runner.sweep()
+            engine.sweep()
     except Exception:
         logger.exception("periodic engine work failed")
     finally:

@@ -4,12 +4,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from actions import runner
+from actions import engine
 
 
 class Command(BaseCommand):
     help = "Re-queue runs left stuck by a dead worker or a lost message (run periodically)."
 
     def handle(self, *args: Any, **options: Any) -> None:
-        count = runner.sweep()
+        count = engine.sweep()
         self.stdout.write(f"re-queued {count} run(s)")

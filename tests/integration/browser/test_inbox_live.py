@@ -121,8 +121,8 @@ def test_a_reviewer_whose_socket_dropped_catches_up_on_reconnect_without_reload(
     site.manage(
         "shell",
         "-c",
-        "from actions import runner; from actions.models import Team; "
-        "runner.start_run('send_invoice', {'invoice_id': 'MISSED-1', 'amount': 5}, "
+        "from actions import engine; from actions.models import Team; "
+        "engine.start_run('send_invoice', {'invoice_id': 'MISSED-1', 'amount': 5}, "
         "Team.objects.get(slug='demo'), None)",
     )
     site.serve(port=server.port)

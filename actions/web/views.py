@@ -17,10 +17,10 @@ from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
-from actions import runner
+from actions import engine
 from actions.core import UnknownAction, registry
-from actions.forms import ApprovalForm, RejectForm, SchemaForm, form_for_schema
 from actions.models import Interrupt, Run, RunEvent, Team
+from actions.web.forms import ApprovalForm, RejectForm, SchemaForm, form_for_schema
 
 
 class AuthenticatedRequest(HttpRequest):
@@ -60,7 +60,7 @@ def _get_run_for_user(user: User, pk: int) -> Run:
 
 def _can_decide(user: User, interrupt: Interrupt) -> bool:
     counted = interrupt.approvals.filter(user=user, superseded_at=None)
-    return runner.may_decide(user, interrupt) and not counted.exists()
+    return engine.may_decide(user, interrupt) and not counted.exists()
 
 
 # Inbox
@@ -109,9 +109,9 @@ def _answer_form(interrupt: Interrupt, data: Any = None) -> SchemaForm | Approva
 
 def _decision_context(request: AuthenticatedRequest, interrupt: Interrupt, **extra: Any) -> dict[str, Any]:
     can_decide = _can_decide(request.user, interrupt)
-    approvals = runner.counted_approvals(interrupt) if interrupt.is_pending else []
+    approvals = engine.counted_approvals(interrupt) if interrupt.is_pending else []
     # Under separation of duties the requester may still reject (withdraw), not approve.
-    may_not_approve = runner.separation_of_duties(request.user, interrupt) if can_decide else ""
+    may_not_approve = engine.separation_of_duties(request.user, interrupt) if can_decide else ""
     context = {
         "interrupt": interrupt,
         "can_decide": can_decide,
@@ -122,7 +122,7 @@ def _decision_context(request: AuthenticatedRequest, interrupt: Interrupt, **ext
         # starts the count again with another answer.
         "agreed_answer": approvals[0].answer if approvals else None,
         "you_approved": any(a.user_id == request.user.pk for a in approvals),
-        "why_not": runner.why_not(request.user, interrupt),
+        "why_not": engine.why_not(request.user, interrupt),
         "answer_form": _answer_form(interrupt) if can_decide else None,
         "reject_form": RejectForm(prefix="reject") if can_decide else None,
     }
@@ -171,24 +171,24 @@ def _decided(request: AuthenticatedRequest, interrupt: Interrupt, text: str) -> 
 @require_POST
 def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     interrupt = _get_interrupt_for_user(request.user, pk)
-    if not runner.may_decide(request.user, interrupt):
-        return _render_decision(request, interrupt, status=403, error=runner.why_not(request.user, interrupt))
+    if not engine.may_decide(request.user, interrupt):
+        return _render_decision(request, interrupt, status=403, error=engine.why_not(request.user, interrupt))
     form = _answer_form(interrupt, request.POST)
     if not form.is_valid():
         return _render_decision(request, interrupt, status=422, answer_form=form)
     try:
-        decided = runner.resume(interrupt, form.payload(), request.user)
-    except runner.InvalidInput as exc:
+        decided = engine.resume(interrupt, form.payload(), request.user)
+    except engine.InvalidInput as exc:
         form.add_model_errors(exc.errors)
         return _render_decision(request, interrupt, status=422, answer_form=form)
-    except runner.PayloadTooLarge as exc:
+    except engine.PayloadTooLarge as exc:
         form.add_error(None, str(exc))
         return _render_decision(request, interrupt, status=413, answer_form=form)
-    except runner.AlreadyDecided as exc:
+    except engine.AlreadyDecided as exc:
         return _render_decision(request, exc.interrupt, status=409, error=f"Not approved: {exc}.")
-    except runner.NotAllowed as exc:
+    except engine.NotAllowed as exc:
         return _render_decision(request, interrupt, status=403, error=str(exc))
-    except runner.Busy as exc:
+    except engine.Busy as exc:
         return _render_decision(request, interrupt, status=503, error=str(exc))
     restarted = getattr(decided, "count_restarted", None)
     if decided.is_pending and restarted:
@@ -198,7 +198,7 @@ def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
         )
         return _decided(request, interrupt, text)
     if decided.is_pending:
-        count = len(runner.counted_approvals(decided))
+        count = len(engine.counted_approvals(decided))
         return _decided(request, interrupt, f"Approved: {count} of {decided.approvals_required} approvals.")
     return _decided(request, interrupt, f"Approved “{interrupt.message}”.")
 
@@ -207,21 +207,21 @@ def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
 @require_POST
 def reject(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     interrupt = _get_interrupt_for_user(request.user, pk)
-    if not runner.may_decide(request.user, interrupt):
-        return _render_decision(request, interrupt, status=403, error=runner.why_not(request.user, interrupt))
+    if not engine.may_decide(request.user, interrupt):
+        return _render_decision(request, interrupt, status=403, error=engine.why_not(request.user, interrupt))
     form = RejectForm(request.POST, prefix="reject")
     if not form.is_valid():
         return _render_decision(request, interrupt, status=422, reject_form=form, open_reject=True)
     try:
-        runner.reject(interrupt, form.cleaned_data["reason"], request.user)
-    except (runner.InvalidInput, runner.PayloadTooLarge) as exc:
+        engine.reject(interrupt, form.cleaned_data["reason"], request.user)
+    except (engine.InvalidInput, engine.PayloadTooLarge) as exc:
         form.add_error("reason", str(exc))
         return _render_decision(request, interrupt, status=422, reject_form=form, open_reject=True)
-    except runner.AlreadyDecided as exc:
+    except engine.AlreadyDecided as exc:
         return _render_decision(request, exc.interrupt, status=409, error=f"Not rejected: {exc}.")
-    except runner.NotAllowed as exc:
+    except engine.NotAllowed as exc:
         return _render_decision(request, interrupt, status=403, error=str(exc))
-    except runner.Busy as exc:
+    except engine.Busy as exc:
         return _render_decision(request, interrupt, status=503, error=str(exc))
     return _decided(request, interrupt, f"Rejected “{interrupt.message}”.")
 
@@ -310,10 +310,10 @@ def start_action(request: AuthenticatedRequest, name: str) -> HttpResponse:
             error = "Choose one of your teams."
         elif form.is_valid():
             try:
-                run = runner.start_run(act.name, form.payload(), team, request.user, Run.Consumer.DASHBOARD)
-            except runner.InvalidInput as exc:
+                run = engine.start_run(act.name, form.payload(), team, request.user, Run.Consumer.DASHBOARD)
+            except engine.InvalidInput as exc:
                 form.add_model_errors(exc.errors)
-            except runner.PayloadTooLarge as exc:
+            except engine.PayloadTooLarge as exc:
                 form.add_error(None, str(exc))
             else:
                 if _htmx(request):

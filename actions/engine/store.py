@@ -1,14 +1,19 @@
-"""Rows in and out of the database for the engine's hot path, in SQL written once.
+"""The engine's SQL: every statement written by hand, and the helpers that run them.
 
 A run that pauses once and is resumed once takes about twenty statements. Through the ORM
 each costs several times its execution in building the query, which made the engine slower
-than LangGraph at the same work (bench/engine_throughput.py). The runner writes those
-statements in SQL instead (conditional UPDATEs with RETURNING, PostgreSQL and SQLite 3.35+),
-and these helpers keep the ORM's meaning at either end: values are adapted by the model
-fields' own ``get_db_prep_save`` (or, as parameters, the way DateTimeField and JSONField save
-them) and read back through the same converters a queryset uses, into ordinary model
-instances (columns not selected are deferred, loaded on first access). Everything else in the
-project uses the ORM.
+than LangGraph at the same work (bench/engine_throughput.py). The statements of that path are
+written here in SQL instead (conditional UPDATEs with RETURNING, PostgreSQL and SQLite 3.35+),
+in templates whose table and column names come from the models' ``_meta`` (``{Run}`` is the
+run's table, ``{Run.status}`` its column), and these helpers keep the ORM's meaning at either
+end: values are adapted by the model fields' own ``get_db_prep_save`` (or, as parameters, the
+way DateTimeField and JSONField save them) and read back through the same converters a
+queryset uses, into ordinary model instances (columns not selected are deferred, loaded on
+first access). The rest of the engine, and everything else, uses the ORM.
+
+This is the only module of the project with SQL in it, in the spirit of DBOS's system
+database (``_sys_db.py``): a reader who wants to know what the engine asks of the database
+reads this file.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from django.db.models.base import ModelState
 from django.db.models.expressions import Col
+
+from actions.models import Interrupt, Run, RunEvent
 
 M = TypeVar("M", bound=models.Model)
 
@@ -108,7 +115,11 @@ def _loaded(model: type[M], attnames: list[str], values: list[Any]) -> M:
     """What ``model.from_db`` gives, built the way Django unpickles an instance (``__new__``, then
     its ``__dict__``) rather than through ``__init__``, whose work per field these rows, complete
     and converted, do not need. Fields left out of ``attnames`` are deferred: not in the
-    instance's ``__dict__``, they load on first access, as with ``only()``."""
+    instance's ``__dict__``, they load on first access, as with ``only()``.
+
+    What ``__init__`` would do and this does not: send ``pre_init``/``post_init`` (no receiver
+    listens to the engine's models; tests/test_store.py checks that one would be told) and fill
+    defaults, which a row read from the database does not need."""
     instance = model.__new__(model)
     state = ModelState()
     state.adding, state.db = False, DEFAULT_DB_ALIAS
@@ -216,3 +227,199 @@ def _db() -> BaseDatabaseWrapper:
     # The engine uses the default database. Looked up once per statement: every attribute read
     # through the ``connection`` proxy is a thread-local lookup, and once per field they added up.
     return connections[DEFAULT_DB_ALIAS]
+
+
+# Statements. A template names tables and columns by model and field: {Run} is the run's
+# table, {Run.status} its status column, quoted for the database in use.
+
+_MODELS: dict[str, type[models.Model]] = {model.__name__: model for model in (Run, Interrupt, RunEvent)}
+
+
+class _Names:
+    """A model in a statement's template: formatted, its table; an attribute, a column."""
+
+    def __init__(self, model: type[models.Model], quote: Callable[[str], str]) -> None:
+        self._model, self._quote = model, quote
+
+    def __format__(self, spec: str) -> str:
+        return self._quote(self._model._meta.db_table)
+
+    def __getattr__(self, name: str) -> str:
+        return _quoted_column(_concrete(self._model, name))
+
+
+@cache
+def _statement(template: str, vendor: str) -> str:
+    quote = _db().ops.quote_name
+    return template.format_map({name: _Names(model, quote) for name, model in _MODELS.items()})
+
+
+def sql(template: str) -> str:
+    """The statement of a template, for the database in use (cached: formatted once)."""
+    return _statement(template, _db().vendor)
+
+
+def insert_events(events: Sequence[Sequence[Any]]) -> None:
+    """Append events to run logs in one INSERT; each is (run_id, interrupt_id, kind, actor_id,
+    actor_name, detail, at)."""
+    if not events:
+        return
+    row = "(%s, %s, %s, %s, %s, %s, %s)"
+    execute(
+        sql(
+            "INSERT INTO {RunEvent} ({RunEvent.run}, {RunEvent.interrupt}, {RunEvent.kind},"
+            " {RunEvent.actor}, {RunEvent.actor_name}, {RunEvent.detail}, {RunEvent.at}) VALUES "
+        )
+        + ", ".join([row] * len(events)),
+        [value for event in events for value in event],
+    )
+
+
+# What a step needs of its run: it reads nothing else of it.
+_STEP_COLUMNS = (
+    "{Run.id}, {Run.action}, {Run.input}, {Run.team}, {Run.consumer}, {Run.status}, {Run.attempt},"
+    " {Run.driver_state}"
+)
+
+
+def claim_queued(run_id: int, now: datetime, lease_expires_at: datetime) -> Run | None:
+    """Move a queued run to running, under a new lease: of two deliveries of the same message
+    (at-least-once), or two workers, exactly one gets the run; the other gets None."""
+    claimed = fetch(
+        Run,
+        sql(
+            "UPDATE {Run} SET {Run.status} = %s, {Run.attempt} = {Run.attempt} + 1,"
+            " {Run.lease_expires_at} = %s, {Run.updated_at} = %s"
+            " WHERE {Run.id} = %s AND {Run.status} = %s"
+            f" RETURNING {_STEP_COLUMNS}"
+        ),
+        [Run.Status.RUNNING, lease_expires_at, now, run_id, Run.Status.QUEUED],
+    )
+    return claimed[0] if claimed else None
+
+
+# record_step's driver_state: the run keeps the one it has.
+KEEP = object()
+
+
+def record_step(
+    run: Run,
+    now: datetime,
+    *,
+    status: str,
+    driver_state: Any,
+    output: Any,
+    error: str,
+    finished_at: datetime | None,
+) -> bool:
+    """Record how a step ended, if ``run.attempt`` still holds the lease: a step whose run the
+    sweeper re-queued (its worker presumed dead) and another worker claimed records nothing.
+    A running step has no output, error or end yet, so each is set to what this step gave."""
+    keep = driver_state is KEEP
+    return bool(
+        execute(
+            sql(
+                "UPDATE {Run} SET {Run.status} = %s, {Run.updated_at} = %s,"
+                " {Run.lease_expires_at} = NULL,"
+                + (" {Run.driver_state} = {Run.driver_state}," if keep else " {Run.driver_state} = %s,")
+                + " {Run.output} = %s, {Run.error} = %s, {Run.finished_at} = %s"
+                " WHERE {Run.id} = %s AND {Run.status} = %s AND {Run.attempt} = %s"
+            ),
+            [
+                status,
+                now,
+                *([] if keep else [Json(driver_state)]),
+                Json(output),
+                error,
+                finished_at,
+                run.pk,
+                Run.Status.RUNNING,
+                run.attempt,
+            ],
+        )
+    )
+
+
+def next_seq(run_id: int) -> tuple[str, str, list[Any]]:
+    """An interrupt's number in its run, for insert(): one more than the run's last, counted as
+    it is inserted."""
+    return (
+        "seq",
+        sql("(SELECT COALESCE(MAX({Interrupt.seq}), 0) + 1 FROM {Interrupt} WHERE {Interrupt.run} = %s)"),
+        [run_id],
+    )
+
+
+def decide(
+    interrupt_id: int,
+    now: datetime,
+    *,
+    status: str,
+    answer: Any,
+    reason: str,
+    decided_by_id: int | None,
+    decided_by_name: str,
+) -> bool:
+    """Decide a pending interrupt. Of two reviewers clicking at once, exactly one changes the
+    pending row; the other changes nothing (False)."""
+    return bool(
+        execute(
+            sql(
+                "UPDATE {Interrupt} SET {Interrupt.status} = %s, {Interrupt.answer} = %s,"
+                " {Interrupt.reason} = %s, {Interrupt.decided_by} = %s, {Interrupt.decided_by_name} = %s,"
+                " {Interrupt.decided_at} = %s"
+                " WHERE {Interrupt.id} = %s AND {Interrupt.status} = %s"
+            ),
+            [
+                status,
+                Json(answer),
+                reason,
+                decided_by_id,
+                decided_by_name,
+                now,
+                interrupt_id,
+                Interrupt.Status.PENDING,
+            ],
+        )
+    )
+
+
+def resume_if_nothing_pending(run_id: int, now: datetime, lease_expires_at: datetime | None) -> Run | None:
+    """Move an interrupted run on once none of its interrupts is pending (an agent's turn may
+    pause on several calls, each decided apart): queued for a worker, or, given a lease, claimed
+    already by the caller for an inline step. Returns the run as a step needs it, or None."""
+    claim = lease_expires_at is not None
+    resumed = fetch(
+        Run,
+        sql(
+            "UPDATE {Run} SET {Run.status} = %s, {Run.updated_at} = %s,"
+            " {Run.attempt} = {Run.attempt} + %s, {Run.lease_expires_at} = %s"
+            " WHERE {Run.id} = %s AND {Run.status} = %s AND NOT EXISTS"
+            " (SELECT 1 FROM {Interrupt} WHERE {Interrupt.run} = %s AND {Interrupt.status} = %s)"
+            f" RETURNING {_STEP_COLUMNS}"
+        ),
+        [
+            Run.Status.RUNNING if claim else Run.Status.QUEUED,
+            now,
+            1 if claim else 0,
+            lease_expires_at,
+            run_id,
+            Run.Status.INTERRUPTED,
+            run_id,
+            Interrupt.Status.PENDING,
+        ],
+    )
+    return resumed[0] if resumed else None
+
+
+def decided_interrupts(run_id: int) -> list[Interrupt]:
+    """The run's approved and rejected interrupts, oldest first, with what a step resumes from."""
+    return fetch(
+        Interrupt,
+        sql(
+            "SELECT {Interrupt.id}, {Interrupt.status}, {Interrupt.answer}, {Interrupt.state},"
+            " {Interrupt.binding}, {Interrupt.reason}, {Interrupt.decided_by_name} FROM {Interrupt}"
+            " WHERE {Interrupt.run} = %s AND {Interrupt.status} IN (%s, %s) ORDER BY {Interrupt.seq}"
+        ),
+        [run_id, Interrupt.Status.APPROVED, Interrupt.Status.REJECTED],
+    )

@@ -20,9 +20,8 @@ from typing import Any, Protocol
 
 from django.conf import settings
 
-from actions import runner
+from actions import drivers, engine
 from actions.core import (
-    ActionResumption,
     Completed,
     Failed,
     Interrupted,
@@ -31,7 +30,8 @@ from actions.core import (
     invoke,
     registry,
 )
-from actions.models import Interrupt, Run
+from actions.drivers.base import Answers, Driver, Pause, StepResult, call_binding
+from actions.models import Run
 
 MAX_TURNS = 25
 AGENT_ACTION = "agent"
@@ -143,24 +143,24 @@ def tool_specs(names: list[str]) -> list[dict[str, Any]]:
 
 
 def start_agent(messages: list[dict[str, Any]], tools: list[str], model: Any, team: Any, by: Any) -> Run:
-    """Validate and queue an agent run. Raises UnknownAction, ModelError, runner.InvalidInput."""
+    """Validate and queue an agent run. Raises UnknownAction, ModelError, engine.InvalidInput."""
     for name in tools:
         registry.get(name)
     check_model(model)
     if not messages:
-        raise runner.InvalidInput(
+        raise engine.InvalidInput(
             "an agent needs at least one message", [{"loc": ["messages"], "msg": "empty"}]
         )
     state = {"messages": messages, "tools": tools, "model": model, "results": {}}
     payload = {"messages": messages, "tools": tools, "model": model if isinstance(model, str) else "scripted"}
-    return runner.start_run(AGENT_ACTION, payload, team, by, Run.Consumer.AGENT, driver_state=state)
+    return engine.start_run(AGENT_ACTION, payload, team, by, Run.Consumer.AGENT, driver_state=state)
 
 
 def _result_text(run_id: int, outcome: Outcome) -> str:
     if isinstance(outcome, Completed):
         return json.dumps(outcome.output, ensure_ascii=False)
     assert isinstance(outcome, Failed)
-    return f"error: {runner.public_error(run_id, outcome)}"
+    return f"error: {engine.public_error(run_id, outcome)}"
 
 
 def _pending_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -191,32 +191,36 @@ def _arguments(call: dict[str, Any]) -> Any:
     return json.loads(call.get("function", {}).get("arguments") or "{}")
 
 
-class AgentDriver(runner.Driver):
+class AgentDriver(Driver):
     rejection_continues = True  # a rejected tool call is an error result the model sees
 
-    def step(self, run: Run) -> runner.StepResult:
+    def step(self, run: Run, answers: Answers) -> StepResult:
         state = run.driver_state
-        messages: list[dict[str, Any]] = state["messages"]
-        results: dict[str, str] = state.setdefault("results", {})
+        messages: list[dict[str, Any]] = list(state["messages"])
+        results: dict[str, str] = dict(state.get("results") or {})
+
+        def ended(status: str, **how: Any) -> StepResult:
+            return StepResult(status, driver_state={**state, "messages": messages, "results": results}, **how)
+
         try:
             model = resolve_model(state["model"])
             tools = tool_specs(state["tools"])
         except (ModelError, UnknownAction) as exc:
-            return runner.StepResult(Run.Status.FAILED, error=str(exc))
+            return ended(Run.Status.FAILED, error=str(exc))
 
         calls = _pending_calls(messages)
         for asked in range(MAX_TURNS + 1):
             if (repeated := _repeated_id(calls)) is not None:
                 # Results, and the model's view of them, are matched to calls by id: a turn
                 # that repeats one cannot be answered unambiguously, so it is not run at all.
-                return runner.StepResult(
+                return ended(
                     Run.Status.FAILED,
                     error=f"the model's turn {_turn(messages) + 1} repeats or lacks a tool call id "
                     f"({repeated}); each call of a turn needs its own id",
                 )
-            pauses = self._run_calls(run, calls, results)
+            pauses = _run_calls(run.pk, set(state["tools"]), _turn(messages), calls, results, answers)
             if pauses:
-                return runner.StepResult(Run.Status.INTERRUPTED, pauses=pauses)
+                return ended(Run.Status.INTERRUPTED, pauses=pauses)
             for call in calls:
                 messages.append(
                     {"role": "tool", "tool_call_id": call["id"], "content": results.pop(call["id"])}
@@ -226,67 +230,64 @@ class AgentDriver(runner.Driver):
             try:
                 reply = model.complete(messages, tools)
             except ModelError as exc:
-                return runner.StepResult(Run.Status.FAILED, error=str(exc))
+                return ended(Run.Status.FAILED, error=str(exc))
             reply["role"] = "assistant"
             messages.append(reply)
             if not reply.get("tool_calls"):
-                return runner.StepResult(Run.Status.COMPLETED, output=reply.get("content") or "")
+                return ended(Run.Status.COMPLETED, output=reply.get("content") or "")
             calls = _pending_calls(messages)
-        return runner.StepResult(Run.Status.FAILED, error=f"the agent took more than {MAX_TURNS} turns")
+        return ended(Run.Status.FAILED, error=f"the agent took more than {MAX_TURNS} turns")
 
-    def _run_calls(
-        self, run: Run, calls: list[dict[str, Any]], results: dict[str, str]
-    ) -> list[runner.Pause]:
-        """Run every call that has no result yet; return the pauses of those that interrupt.
 
-        An interrupt's answer applies to the call it was shown for, identified by turn,
-        position, action and arguments (never by the model's id alone, which some servers
-        reuse across turns): any other call runs without it, and pauses again if it asks."""
-        allowed = set(run.driver_state["tools"])
-        turn = _turn(run.driver_state["messages"])
-        decided = {
-            json.dumps(it.binding, sort_keys=True): it
-            for it in run.interrupts.filter(status__in=[Interrupt.Status.APPROVED, Interrupt.Status.REJECTED])
-            .exclude(binding={})
-            .order_by("seq")
-        }
-        pauses = []
-        for position, call in enumerate(calls):
-            call_id = call["id"]
-            if call_id in results:
-                continue  # finished earlier in this turn: never run twice
-            name = call.get("function", {}).get("name", "")
-            if name not in allowed:
-                results[call_id] = f"error: there is no tool named {name!r}"
-                continue
-            try:
-                arguments = _arguments(call)
-            except json.JSONDecodeError:
-                results[call_id] = "error: the arguments are not valid JSON"
-                continue
-            binding = runner.call_binding(name, arguments, turn=turn, position=position)
-            last = decided.get(json.dumps(binding, sort_keys=True))
-            if last is not None and last.status == Interrupt.Status.REJECTED:
-                results[call_id] = f"error: rejected by {last.decided_by_name}: {last.reason}"
-                continue
-            resumption = None
-            if last is not None and last.status == Interrupt.Status.APPROVED:
-                resumption = ActionResumption(data=last.answer, state=last.state)
-            outcome = invoke(name, arguments, resumption, run_id=run.pk)
-            if isinstance(outcome, Interrupted):
-                pauses.append(
-                    runner.Pause(
-                        outcome.message,
-                        outcome.data,
-                        outcome.state,
-                        tool_call_id=call_id,
-                        action=name,
-                        binding=binding,
-                    )
+def _run_calls(
+    run_id: int,
+    allowed: set[str],
+    turn: int,
+    calls: list[dict[str, Any]],
+    results: dict[str, str],
+    answers: Answers,
+) -> list[Pause]:
+    """Run every call of the turn that has no result yet; return the pauses of those that
+    interrupt.
+
+    An interrupt's answer applies to the call it was shown for, identified by turn, position,
+    action and arguments (never by the model's id alone, which some servers reuse across
+    turns): any other call runs without it, and pauses again if it asks."""
+    pauses = []
+    for position, call in enumerate(calls):
+        call_id = call["id"]
+        if call_id in results:
+            continue  # finished earlier in this turn: never run twice
+        name = call.get("function", {}).get("name", "")
+        if name not in allowed:
+            results[call_id] = f"error: there is no tool named {name!r}"
+            continue
+        try:
+            arguments = _arguments(call)
+        except json.JSONDecodeError:
+            results[call_id] = "error: the arguments are not valid JSON"
+            continue
+        binding = call_binding(name, arguments, turn=turn, position=position)
+        answer = answers.for_call(binding)
+        if answer is not None and not answer.approved:
+            results[call_id] = f"error: rejected by {answer.decided_by}: {answer.reason}"
+            continue
+        resumption = answer.resumption if answer is not None else None
+        outcome = invoke(name, arguments, resumption, run_id=run_id)
+        if isinstance(outcome, Interrupted):
+            pauses.append(
+                Pause(
+                    outcome.message,
+                    outcome.data,
+                    outcome.state,
+                    tool_call_id=call_id,
+                    action=name,
+                    binding=binding,
                 )
-            else:
-                results[call_id] = _result_text(run.pk, outcome)
-        return pauses
+            )
+        else:
+            results[call_id] = _result_text(run_id, outcome)
+    return pauses
 
 
-runner.DRIVERS[Run.Consumer.AGENT] = AgentDriver()
+drivers.register(Run.Consumer.AGENT, AgentDriver())

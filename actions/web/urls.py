@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from actions import history, views
+from actions.web import history, views
 
 urlpatterns = [
     path("", views.inbox, name="inbox"),

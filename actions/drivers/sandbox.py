@@ -2,7 +2,7 @@
 
 A script is a short Python program: it reads ``input``, calls actions through ``tools.<name>(...)``
 or ``call(name, {...})``, and ``return``s a value. It runs in a child process under RestrictedPython
-with CPU, memory and wall-time limits (actions/sandbox_child.py); the actions it calls run here, in
+with CPU, memory and wall-time limits (actions/drivers/sandbox_child.py); the actions it calls run here, in
 the trusted process.
 
 Every call is logged: position, action, input, result. When a call pauses, the script is stopped
@@ -31,7 +31,7 @@ from typing import Any
 from django.conf import settings
 from pydantic import BaseModel
 
-from actions import runner
+from actions import drivers, engine
 from actions.core import (
     MAX_NESTING,
     Action,
@@ -45,6 +45,7 @@ from actions.core import (
     invoke,
     registry,
 )
+from actions.drivers.base import Answers, Driver, Pause, StepResult, call_binding
 from actions.models import Run
 
 logger = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def _describe(name: str, arguments: Any) -> str:
     return f"{name}({json.dumps(arguments, sort_keys=True)})"
 
 
-class SandboxUnavailable(runner.EngineError):
+class SandboxUnavailable(engine.EngineError):
     """Scripts are refused: the OS sandbox cannot start here, and no weaker mode was chosen."""
 
 
@@ -416,8 +417,8 @@ def run_script(
                     child.resume_clock()
                 if "result" in entry:
                     try:
-                        runner.check_size(f"the result of call {position} ({name})", entry["result"])
-                    except runner.EngineError as exc:
+                        engine.check_size(f"the result of call {position} ({name})", entry["result"])
+                    except engine.EngineError as exc:
                         entry = {key: value for key, value in entry.items() if key != "result"}
                         entry["error"] = str(exc)
             log_bytes += len(json.dumps(entry, ensure_ascii=False).encode())
@@ -437,8 +438,8 @@ def _check_stored(what: str, value: Any, log: list[dict[str, Any]]) -> None:
     """What a script hands over is stored and shown: the same size and nesting limits as an
     answer or an input, so that no page fails to render it."""
     try:
-        runner.check_size(what, value)
-    except runner.EngineError as exc:
+        engine.check_size(what, value)
+    except engine.EngineError as exc:
         raise ScriptError(str(exc), log) from None
 
 
@@ -458,46 +459,53 @@ def _call(
         raise SandboxInterrupt(outcome, log, position, name, arguments)
     if isinstance(outcome, Completed):
         return {**entry, "result": outcome.output}
-    return {**entry, "error": runner.public_error(run_id, outcome)}
+    return {**entry, "error": engine.public_error(run_id, outcome)}
 
 
 def start_script(source: str, input: Any, team: Any, by: Any) -> Run:  # noqa: A002
     """Queue a script's run. Raises SandboxUnavailable (nothing queued) where scripts may not run."""
     check_isolation()
     state = {"source": source, "input": input, "call_log": [], "paused": None}
-    return runner.start_run(
+    return engine.start_run(
         SCRIPT_ACTION, {"source": source, "input": input}, team, by, Run.Consumer.SANDBOX, driver_state=state
     )
 
 
 def _binding(paused: dict[str, Any]) -> dict[str, Any]:
     """What the answer to a paused call is bound to: its position, action and arguments."""
-    return runner.call_binding(paused["action"], paused["input"], position=paused["position"])
+    return call_binding(paused["action"], paused["input"], position=paused["position"])
 
 
-class SandboxDriver(runner.Driver):
-    def step(self, run: Run) -> runner.StepResult:
+class SandboxDriver(Driver):
+    def step(self, run: Run, answers: Answers) -> StepResult:
         state = run.driver_state
         paused = state.get("paused")
-        resumption = runner.last_resumption(run, _binding(paused)) if paused else None
+        resumption = answers.resumption_for(_binding(paused)) if paused else None
         try:
-            output, state["call_log"] = run_script(
+            output, call_log = run_script(
                 state["source"], state["input"], state["call_log"], paused, resumption, run.pk
             )
         except SandboxInterrupt as pause:
-            state["call_log"], state["paused"] = pause.call_log, pause.paused
-            pause_of = runner.Pause(
+            pause_of = Pause(
                 pause.message, pause.data, pause.state, action=pause.action, binding=_binding(pause.paused)
             )
-            return runner.StepResult(Run.Status.INTERRUPTED, pauses=[pause_of])
+            return StepResult(
+                Run.Status.INTERRUPTED,
+                pauses=[pause_of],
+                driver_state={**state, "call_log": pause.call_log, "paused": pause.paused},
+            )
         except ScriptError as exc:
-            state["call_log"], state["paused"] = exc.call_log, None
-            return runner.StepResult(Run.Status.FAILED, error=str(exc))
-        state["paused"] = None
-        return runner.StepResult(Run.Status.COMPLETED, output=output)
+            return StepResult(
+                Run.Status.FAILED,
+                error=str(exc),
+                driver_state={**state, "call_log": exc.call_log, "paused": None},
+            )
+        return StepResult(
+            Run.Status.COMPLETED, output=output, driver_state={**state, "call_log": call_log, "paused": None}
+        )
 
 
-runner.DRIVERS[Run.Consumer.SANDBOX] = SandboxDriver()
+drivers.register(Run.Consumer.SANDBOX, SandboxDriver())
 
 
 def script_action(

@@ -16,8 +16,8 @@ from channels.layers import InMemoryChannelLayer
 from django.conf import settings
 from django.contrib.auth import SESSION_KEY, get_user_model
 
-from actions import live
 from actions.models import Run, Team
+from actions.web import live
 
 logger = logging.getLogger(__name__)
 

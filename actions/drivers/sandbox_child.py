@@ -1,7 +1,7 @@
 """The sandbox's child process: runs one untrusted script under RestrictedPython.
 
-Started by actions/sandbox.py as ``python -I sandbox_child.py SITE [--raw-for-tests]``, inside
-bubblewrap (actions/sandbox.py says what it can see) or, in the explicitly weaker mode, as a
+Started by actions/drivers/sandbox.py as ``python -I sandbox_child.py SITE [--raw-for-tests]``, inside
+bubblewrap (actions/drivers/sandbox.py says what it can see) or, in the explicitly weaker mode, as a
 plain child process. It imports what scripts may use, then closes itself in before it touches
 the script: resource limits, and a seccomp filter that refuses new processes, programs, sockets
 and signals. The only way out is the bridge: each action call is a JSON line on stdout,

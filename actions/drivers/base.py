@@ -1,0 +1,140 @@
+"""What a driver is to the engine, and what the engine gives and takes at each step.
+
+The engine runs a step by calling ``driver.step(run, answers)``: ``answers`` holds the
+decisions of the run's pauses, by the call each was given for, the same way for every driver;
+the driver asks it for the call it is about to make. The step returns a ``StepResult``: how it
+ended, and the driver's new state (an agent's conversation, a script's call log), which the
+engine stores with the result in one change. A driver changes no row itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from actions.core import ActionResumption
+
+if TYPE_CHECKING:
+    from actions.models import Run
+
+
+def arguments_hash(arguments: Any) -> str:
+    """The SHA-256 of the arguments' canonical JSON: equal for equal values, whatever the
+    order of their keys or spacing."""
+    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def call_binding(
+    action: str, arguments: Any = None, *, turn: int | None = None, position: int | None = None
+) -> dict[str, Any]:
+    """What an approval is bound to: the call it was shown for, and no other.
+
+    A driver passes what identifies its calls (an agent: the turn and position of the tool
+    call; a script: the position in its call log) and the arguments; a plain action, its name
+    only (each of its steps pauses at most once, and an answer resumes the step after it)."""
+    binding: dict[str, Any] = {"action": action}
+    if turn is not None:
+        binding["turn"] = turn
+    if position is not None:
+        binding["position"] = position
+    if turn is not None or position is not None:
+        binding["arguments_sha256"] = arguments_hash(arguments)
+    return binding
+
+
+def _key(binding: dict[str, Any]) -> str:
+    return json.dumps(binding, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How a pause was decided: approved with an answer (resume the call with ``resumption``),
+    or rejected with a reason."""
+
+    approved: bool
+    data: Any = None
+    state: Any = None
+    reason: str = ""
+    decided_by: str = ""
+
+    @property
+    def resumption(self) -> ActionResumption:
+        return ActionResumption(data=self.data, state=self.state)
+
+
+class Answers:
+    """The decisions a step resumes from, by the call each was given for (``call_binding``);
+    the latest for a call wins (an action may pause more than once on the same call).
+
+    An answer applies only to the call it was shown for: a call with another binding (another
+    turn, position or arguments) finds nothing, runs without it, and pauses again if it asks.
+    The engine loads them when a driver first asks, unless it knows the one asked for: the
+    decision that has just resumed the run is the latest for its call."""
+
+    def __init__(
+        self,
+        load: Callable[[], Iterable[tuple[dict[str, Any], Answer]]] | None = None,
+        *,
+        latest: tuple[dict[str, Any], Answer] | None = None,
+    ) -> None:
+        self._load = load
+        self._latest = (_key(latest[0]), latest[1]) if latest is not None else None
+        self._by_call: dict[str, Answer] | None = None if load is not None else {}
+
+    def for_call(self, binding: dict[str, Any]) -> Answer | None:
+        key = _key(binding)
+        if self._latest is not None and self._latest[0] == key:
+            return self._latest[1]
+        if self._by_call is None:
+            assert self._load is not None
+            self._by_call = {_key(bound): answer for bound, answer in self._load()}
+        return self._by_call.get(key)
+
+    def resumption_for(self, binding: dict[str, Any]) -> ActionResumption | None:
+        """What the call resumes with: the approved answer given for it, or None."""
+        answer = self.for_call(binding)
+        return answer.resumption if answer is not None and answer.approved else None
+
+
+NO_ANSWERS = Answers()
+
+
+@dataclass(frozen=True)
+class Pause:
+    message: str
+    data: Any
+    state: Any
+    tool_call_id: str = ""
+    action: str = ""
+    # The call it pauses (call_binding): its answer resumes only a call with the same binding.
+    binding: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepResult:
+    """How a step ended, as a driver reports it: output, error, or one or more pauses; and the
+    driver's state after the step (None: it has none, or it did not change)."""
+
+    status: str
+    output: Any = None
+    error: str = ""
+    pauses: list[Pause] = field(default_factory=list)
+    driver_state: dict[str, Any] | None = None
+    # The error is an unexpected exception's text: the engine logs it under an error id and
+    # tells callers a stable message naming the id (it may carry a path, a DSN, a key).
+    internal: bool = False
+
+
+class Driver:
+    """Runs one step of a run for one consumer (actions.drivers.driver_for)."""
+
+    # Whether a rejected pause lets the run go on (an agent's model sees the rejection as the
+    # tool's result) or ends it (an action, a script).
+    rejection_continues = False
+
+    def step(self, run: Run, answers: Answers) -> StepResult:
+        raise NotImplementedError

@@ -1,0 +1,268 @@
+"""Deciding interrupts: approve (resume), reject, N-of-M approvals, and cancelling a run.
+
+A decision is exactly once: the conditional UPDATE of a pending interrupt (store.decide) has one
+winner, and whoever loses is told who won. The run is locked first, then the interrupt, in
+every change (the lock order), so two decisions of one run see each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connection
+from django.utils import timezone
+from pydantic import ValidationError
+
+from actions.core import field_errors, registry
+from actions.drivers import driver_for
+from actions.drivers.base import arguments_hash
+from actions.engine import store
+from actions.engine.errors import (
+    AlreadyDecided,
+    InvalidAnswer,
+    InvalidInput,
+    NotAllowed,
+    NotCancellable,
+    check_size,
+    retry_on_conflict,
+)
+from actions.engine.journal import atomic, log, push_run_status, push_team
+from actions.engine.policies import may_decide, separation_of_duties, why_not
+from actions.engine.steps import answers_of, hand_over, inline, lease_from
+from actions.models import Actor, Approval, Interrupt, Run, RunEvent, actor_name, actor_user
+
+Status = Run.Status
+
+Then = Callable[[Run, Interrupt], None]
+
+
+def validate_answer(interrupt: Interrupt, data: Any) -> Any:
+    """The answer as it will be stored, or InvalidAnswer with field errors."""
+    check_size("the answer", data)
+    act = registry.find(interrupt.action)
+    if act is None:
+        return data
+    try:
+        return act.validate_answer(data)
+    except ValidationError as exc:
+        raise InvalidAnswer("the answer does not fit the action's answer schema", field_errors(exc)) from None
+
+
+def lock_run(run_id: int) -> Run:
+    """The run, locked until the transaction ends. On SQLite the IMMEDIATE transaction holds
+    the database's write lock already, so nothing is read until a field is used."""
+    if not connection.features.has_select_for_update:
+        return Run.from_db(DEFAULT_DB_ALIAS, ["id"], [run_id])
+    return Run.objects.select_for_update().only("id", "team_id", "consumer", "status").get(pk=run_id)
+
+
+@retry_on_conflict
+def decide(
+    interrupt: Interrupt,
+    status: str,
+    by: Actor,
+    *,
+    answer: Any = None,
+    reason: str = "",
+    then: Then,
+    policy: str = "",
+) -> Interrupt:
+    """Decide a pending interrupt, then ``then(run, interrupt)`` in the same transaction.
+    ``policy`` names the policy deciding it, when no one does."""
+    now = timezone.now()
+    with atomic():
+        # Lock the run first: two reviewers deciding two interrupts of one agent turn (or two
+        # of N required approvers) must see each other's decision, or neither would resume the
+        # run (PostgreSQL; SQLite's IMMEDIATE transactions already serialise writers).
+        run = lock_run(interrupt.run_id)
+        current = Interrupt.objects.get(pk=interrupt.pk)
+        if current.status != Interrupt.Status.PENDING:
+            raise AlreadyDecided(current)
+        if not policy and not may_decide(by, current):
+            raise NotAllowed(why_not(by, current))
+        if not policy and status == Interrupt.Status.APPROVED and (rule := separation_of_duties(by, current)):
+            raise NotAllowed(rule)
+        counted_detail: dict[str, Any] = {}
+        if status == Interrupt.Status.APPROVED and current.approvals_required > 1 and not policy:
+            agreed = _count_approval(run, current, by, answer)
+            if agreed is None:
+                return current
+            answer = agreed
+            counted_detail = {"approvals": current.approvals_required, "of": current.approvals_required}
+            if restarted := getattr(current, "count_restarted", None):
+                counted_detail.update(restarted=True, superseded=restarted)
+        user = actor_user(by)
+        decision = {
+            "status": status,
+            "answer": answer,
+            "reason": reason,
+            "decided_by": user,
+            "decided_by_name": policy or actor_name(by),
+            "decided_at": now,
+        }
+        won = store.decide(
+            current.pk,
+            now,
+            status=status,
+            answer=answer,
+            reason=reason,
+            decided_by_id=user.pk if user is not None else None,
+            decided_by_name=decision["decided_by_name"],
+        )
+        if not won:
+            raise AlreadyDecided(Interrupt.objects.get(pk=current.pk))
+        for name, value in decision.items():
+            setattr(current, name, value)
+        kinds: dict[str, str] = {
+            Interrupt.Status.APPROVED: RunEvent.Kind.APPROVED,
+            Interrupt.Status.EXPIRED: RunEvent.Kind.EXPIRED,
+        }
+        detail: dict[str, Any] = {"seq": current.seq, **counted_detail}
+        if reason:
+            detail["reason"] = reason
+        if policy:
+            detail["policy"] = policy
+        log(run, kinds.get(status, RunEvent.Kind.REJECTED), by, current, **detail)
+        for team_id in current.team_ids:
+            push_team(
+                team_id,
+                "decided",
+                run_id=run.pk,
+                interrupt_id=current.pk,
+                status=current.status,
+                decided_by=current.decided_by_name,
+            )
+        then(run, current)
+    return current
+
+
+def agreement_key(action_name: str, answer: Any) -> str:
+    """What two approvals must share to count towards the same answer. With the plain
+    approve form, each person's comment is their own: only the decision counts. A typed answer
+    counts whole: approving "notify the customer" is not approving "do not"."""
+    act = registry.find(action_name)
+    if (act is None or act.answer_model is None) and isinstance(answer, dict) and "approved" in answer:
+        answer = {key: value for key, value in answer.items() if key != "comment"}
+    return arguments_hash(answer)
+
+
+def counted_approvals(interrupt: Interrupt) -> list[Approval]:
+    """The approvals that count now: all for the same answer, oldest first."""
+    return list(interrupt.approvals.filter(superseded_at=None).select_related("user").order_by("at", "id"))
+
+
+def _count_approval(run: Run, interrupt: Interrupt, by: Actor, answer: Any) -> Any | None:
+    """Record one of N required approvals. Returns the answer to resume with when this one
+    completes N approvals of the same answer, else None.
+
+    N approvals count towards one answer: an approval whose answer differs from the ones
+    counted so far supersedes them (they stay, for the transcript) and the count starts again
+    from it, so the run never receives an answer that fewer than N people approved."""
+    user = actor_user(by)
+    if user is None:
+        raise NotAllowed(why_not(by, interrupt))
+    counted = counted_approvals(interrupt)
+    if any(approval.user_id == user.pk for approval in counted):
+        raise NotAllowed(
+            f"You already approved this; it needs {interrupt.approvals_required} different people."
+        )
+    superseded: list[str] = []
+    if counted and agreement_key(interrupt.action, counted[0].answer) != agreement_key(
+        interrupt.action, answer
+    ):
+        superseded = [approval.user.get_username() for approval in counted]
+        Approval.objects.filter(pk__in=[approval.pk for approval in counted]).update(
+            superseded_at=timezone.now()
+        )
+        counted = []
+    Approval.objects.create(interrupt=interrupt, user=user, answer=answer)
+    count = len(counted) + 1
+    interrupt.count_restarted = superseded  # type: ignore[attr-defined]
+    if count >= interrupt.approvals_required:
+        return answer
+    detail: dict[str, Any] = {
+        "seq": interrupt.seq,
+        "approvals": count,
+        "of": interrupt.approvals_required,
+        "answer": answer,  # each approver's own, for the transcript: the run gets the agreed one
+    }
+    if superseded:
+        # Said in the log as on the page: the earlier approvals were for another answer.
+        detail["restarted"] = True
+        detail["superseded"] = superseded
+    log(run, RunEvent.Kind.APPROVED, by, interrupt, **detail)
+    for team_id in interrupt.team_ids:
+        push_team(team_id, "approval", run_id=run.pk, interrupt_id=interrupt.pk, status="pending")
+    return None
+
+
+def resume_if_nothing_pending(run: Run, interrupt: Interrupt) -> None:
+    """The run goes on once this was its last pending interrupt (an agent turn may pause on
+    several tool calls, each decided apart)."""
+    now = timezone.now()
+    resumed = store.resume_if_nothing_pending(run.pk, now, lease_from(now) if inline() else None)
+    if resumed is not None:
+        log(run, RunEvent.Kind.RESUMED, None, interrupt, seq=interrupt.seq)
+        # The interrupt decided last is the latest for its call: the step needs to read only
+        # the other decisions (an agent turn's other calls), and only if it asks for them.
+        hand_over(resumed, answers_of(run.pk, latest=interrupt))
+
+
+def resume(interrupt: Interrupt, data: Any, by: Actor) -> Interrupt:
+    """Approve ``interrupt`` with ``data`` as the answer and queue the run to go on.
+
+    Raises InvalidAnswer (nothing changed) or AlreadyDecided (someone else was first).
+    """
+    answer = validate_answer(interrupt, data)
+    return decide(interrupt, Interrupt.Status.APPROVED, by, answer=answer, then=resume_if_nothing_pending)
+
+
+def reject(interrupt: Interrupt, reason: str, by: Actor) -> Interrupt:
+    """Reject ``interrupt``. An action's run ends ``rejected``; an agent sees the reason as the
+    tool's result and goes on."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise InvalidInput("a reason is required to reject", [{"loc": ["error"], "msg": "required"}])
+    check_size("the reason", reason)
+
+    def end_or_go_on(run: Run, decided: Interrupt) -> None:
+        if driver_for(run.consumer).rejection_continues:
+            resume_if_nothing_pending(run, decided)
+            return
+        finish_with_pending_cancelled(run, Status.REJECTED, error=reason)
+
+    return decide(interrupt, Interrupt.Status.REJECTED, by, reason=reason, then=end_or_go_on)
+
+
+def finish_with_pending_cancelled(run: Run, status: str, *, error: str = "", by: Actor = None) -> None:
+    """End the run; its interrupts still pending are cancelled, and every inbox that shows one
+    (its team's, and a team's it escalated to) is told."""
+    now = timezone.now()
+    pending = list(Interrupt.objects.filter(run_id=run.pk, status=Interrupt.Status.PENDING))
+    Interrupt.objects.filter(pk__in=[it.pk for it in pending], status=Interrupt.Status.PENDING).update(
+        status=Interrupt.Status.CANCELLED,
+        decided_at=now,
+        decided_by=actor_user(by),
+        decided_by_name=actor_name(by),
+    )
+    for it in pending:
+        for team_id in it.team_ids:
+            push_team(
+                team_id, "decided", run_id=run.pk, interrupt_id=it.pk, status=Interrupt.Status.CANCELLED
+            )
+    Run.objects.filter(pk=run.pk).update(
+        status=status, error=error, finished_at=now, updated_at=now, lease_expires_at=None
+    )
+
+
+@retry_on_conflict
+def cancel(run: Run, by: Actor) -> None:
+    """Cancel an unfinished run and its pending interrupts. Raises NotCancellable."""
+    with atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        if locked.is_finished:
+            raise NotCancellable(f"run {run.pk} is already {locked.status}")
+        finish_with_pending_cancelled(locked, Status.CANCELLED, by=by)
+        log(locked, RunEvent.Kind.CANCELLED, by)
+        push_run_status(locked, Status.CANCELLED)

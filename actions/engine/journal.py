@@ -1,0 +1,97 @@
+"""The transaction journal: what an engine change writes besides the rows it changes.
+
+An engine change runs in ``atomic()``. Its audit events are collected as it goes and written
+in one INSERT as it ends, in the same transaction; the pushes to browsers it asks for are sent
+after it commits (a rolled-back change tells no one anything).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from actions.core import Failed
+from actions.engine import store
+from actions.models import Actor, Interrupt, Run, RunEvent, actor_name, actor_user
+from actions.web import live
+
+logger = logging.getLogger("actions.engine")
+
+# The events of the transaction open in atomic(), written together before it commits.
+_journal: ContextVar[list[list[Any]] | None] = ContextVar("grundlag_journal", default=None)
+
+
+@contextmanager
+def atomic() -> Iterator[None]:
+    """``transaction.atomic()`` whose audit events are written in one INSERT, as it ends, and
+    whose engine statements share a cursor."""
+    events: list[list[Any]] = []
+    with transaction.atomic(), store.one_cursor():
+        token = _journal.set(events)
+        try:
+            yield
+        finally:
+            # Reset before the commit: steps that run after it (inline) keep their own.
+            _journal.reset(token)
+        store.insert_events(events)
+
+
+def log(
+    run: Run | int,
+    kind: str,
+    by: Actor = None,
+    interrupt: Interrupt | None = None,
+    **detail: Any,
+) -> None:
+    """Append an event to the run's log: in the open atomic() block's journal, or now."""
+    user = actor_user(by)
+    event = [
+        run if isinstance(run, int) else run.pk,
+        interrupt.pk if interrupt is not None else None,
+        kind,
+        user.pk if user is not None else None,
+        actor_name(by),
+        store.Json(detail),
+        timezone.now(),
+    ]
+    journal = _journal.get()
+    if journal is not None:
+        journal.append(event)
+    else:
+        store.insert_events([event])
+
+
+def push_team(team_id: int, event: str, **payload: Any) -> None:
+    """Tell the team's open pages of a change, once this transaction commits."""
+    transaction.on_commit(lambda: live.notify_team(team_id, event, **payload))
+
+
+def push_run_status(run: Run, status: str) -> None:
+    """Tell the pages showing the run (and, when it finished, its team's) of its new status,
+    once this transaction commits."""
+    finished = status in Run.FINISHED
+    transaction.on_commit(lambda: live.notify_run(run.team_id, run.pk, status, finished=finished))
+
+
+def public_error(run_id: int | None, outcome: Failed) -> str:
+    """What callers are told of a failed action. An unexpected exception's text may carry
+    anything (a path, a DSN, a key): it goes to the server's log and, as an ``error`` event,
+    to the admin, under an id that the caller's stable message names."""
+    if not outcome.unexpected:
+        return outcome.error
+    return report_internal_error(run_id, outcome.error)
+
+
+def report_internal_error(run_id: int | None, text: str) -> str:
+    error_id = uuid.uuid4().hex[:12]
+    logger.error("run %s: internal error %s: %s", run_id, error_id, text)
+    if run_id is not None:
+        log(run_id, RunEvent.Kind.ERROR, None, error_id=error_id, exception=text)
+    return f"the action failed with an internal error (error id {error_id}; details in the server log)"

@@ -1,0 +1,102 @@
+"""What a policy says: the deadline, escalation, approvals and assignees an interrupt gets when
+it is created, and who may decide it. (Deadlines and escalations fire in
+actions.engine.deadlines.)"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from actions.core import ApprovalPolicy, registry
+from actions.models import Actor, ApiToken, Interrupt, Policy, Run, Team
+
+
+def effective_policy(team_id: int, action_name: str) -> ApprovalPolicy:
+    """The action's declared policy, unless the team overrides it (admin: Policies)."""
+    override = (
+        Policy.objects.filter(team_id=team_id, action=action_name).select_related("escalate_to").first()
+    )
+    act = registry.find(action_name)
+    declared = act.policy if act is not None else ApprovalPolicy()
+    if override is None:
+        return declared
+
+    def minutes(value: int | None) -> timedelta | None:
+        return timedelta(minutes=value) if value else None
+
+    escalates = override.escalate_to is not None and bool(override.escalate_after_minutes)
+    return ApprovalPolicy(
+        deadline=minutes(override.deadline_minutes),
+        default_answer=override.default_answer,
+        escalate_after=minutes(override.escalate_after_minutes) if override.escalate_to else None,
+        escalate_to=override.escalate_to.slug if escalates and override.escalate_to else None,
+        approvals=override.approvals_required or 1,
+        assignees=tuple(name.strip() for name in override.assignees.split(",") if name.strip()),
+        requester_may_approve=declared.requester_may_approve
+        if override.requester_may_approve is None
+        else override.requester_may_approve,
+    )
+
+
+def policy_fields(team_id: int, action_name: str, now: datetime) -> dict[str, Any]:
+    """The fields a new interrupt of the action in the team gets from its policy."""
+    policy = effective_policy(team_id, action_name)
+    escalate_to = Team.objects.filter(slug=policy.escalate_to).first() if policy.escalate_to else None
+    return {
+        "expires_at": now + policy.deadline if policy.deadline else None,
+        "default_answer": policy.default_answer,
+        "escalate_at": now + policy.escalate_after if policy.escalate_after and escalate_to else None,
+        "escalate_to_id": escalate_to.pk if escalate_to else None,
+        "approvals_required": policy.approvals,
+        "assignees": list(policy.assignees),
+        "requester_may_approve": policy.requester_may_approve,
+    }
+
+
+def may_decide(by: Actor, interrupt: Interrupt) -> bool:
+    """Members of its team (or of the team it escalated to), and among them its assignees if
+    it names any. A token acts for its team, but is nobody in particular: it cannot be one of
+    several required approvers, nor a named assignee."""
+    if by is None:
+        return True  # the engine itself: a deadline policy
+    if isinstance(by, ApiToken):
+        return (
+            by.team_id in interrupt.team_ids and not interrupt.assignees and interrupt.approvals_required == 1
+        )
+    if not by.is_authenticated or not Team.objects.filter(pk__in=interrupt.team_ids, members=by.pk).exists():
+        return False
+    return not interrupt.assignees or by.get_username() in interrupt.assignees
+
+
+SEPARATION_OF_DUTIES = (
+    "Separation of duties: whoever started a run may not approve it "
+    "(requester_may_approve is off for {action})."
+)
+
+
+SEPARATION_OF_DUTIES_TOKEN = (
+    "Separation of duties: an API token is not a person, so it cannot show that someone other "
+    "than the requester approves (requester_may_approve is off for {action})."
+)
+
+
+def separation_of_duties(by: Actor, interrupt: Interrupt) -> str:
+    """Why ``by`` may not approve ``interrupt`` because they (may have) started its run, or "".
+    A token acts for its whole team, whoever started the run: it may not approve at all.
+    Rejecting stays open to everyone: it is how a requester withdraws."""
+    if interrupt.requester_may_approve or by is None:
+        return ""
+    if isinstance(by, ApiToken):
+        return SEPARATION_OF_DUTIES_TOKEN.format(action=interrupt.action)
+    started_by_id = Run.objects.filter(pk=interrupt.run_id).values_list("started_by_id", flat=True).first()
+    own = started_by_id is not None and started_by_id == by.pk
+    return SEPARATION_OF_DUTIES.format(action=interrupt.action) if own else ""
+
+
+def why_not(by: Actor, interrupt: Interrupt) -> str:
+    """Why ``by`` may not decide ``interrupt`` (when may_decide says so)."""
+    if interrupt.assignees:
+        return f"Only {', '.join(interrupt.assignees)} may decide this."
+    if isinstance(by, ApiToken) and interrupt.approvals_required > 1:
+        return f"This needs {interrupt.approvals_required} people to approve; an API token is not a person."
+    return f"Only members of {interrupt.team} can decide this."

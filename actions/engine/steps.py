@@ -1,0 +1,286 @@
+"""Runs and their steps: starting a run, handing its steps to workers (or running them inline),
+and recording how each step ended.
+
+A step is run by the run's driver (actions.drivers) under a lease: claimed by one conditional
+UPDATE, recorded by another that only the holder of the current lease can make. Everything
+slow (the step itself, pushes to browsers) happens after the transaction that queued it
+commits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from pydantic import ValidationError
+
+from actions.core import field_errors, registry
+from actions.drivers import driver_for, runs_an_action
+from actions.drivers.base import NO_ANSWERS, Answer, Answers, StepResult, call_binding
+from actions.engine import store
+from actions.engine.errors import (
+    DRIVER_STATE_LIMIT_FACTOR,
+    MAX_ERROR_CHARS,
+    InvalidInput,
+    check_size,
+    retry_on_conflict,
+    safe_text,
+    storing_problem,
+)
+from actions.engine.journal import atomic, log, push_run_status, push_team, report_internal_error
+from actions.engine.policies import policy_fields
+from actions.models import Actor, ApiToken, Interrupt, Run, RunEvent, Team, actor_name, actor_user
+
+logger = logging.getLogger("actions.engine")
+
+Status = Run.Status
+
+
+def inline() -> bool:
+    """Whether steps run in the process that queues them (GRUNDLAG_INLINE_STEPS), not in workers."""
+    return bool(settings.GRUNDLAG_INLINE_STEPS)
+
+
+def lease_from(now: datetime) -> datetime:
+    return now + timedelta(seconds=settings.GRUNDLAG_STEP_LEASE_SECONDS)
+
+
+def enqueue(run_id: int) -> None:
+    """Once the transaction that queued the run commits, hand its next step to a worker (or,
+    with inline steps, run it here; it is claimed like a worker would)."""
+    if inline():
+        _step_after_commit(run_id, lambda: execute_step(run_id))
+        return
+
+    def send() -> None:
+        from actions.tasks import run_step
+
+        try:
+            run_step.delay(run_id)
+        except Exception:
+            # The run is committed as queued; the sweeper enqueues it again. Nothing is lost.
+            logger.exception("could not enqueue run %s; the sweeper will retry", run_id)
+
+    transaction.on_commit(send)
+
+
+def hand_over(run: Run, answers: Answers | None = None) -> None:
+    """The run's next step runs once this transaction commits: in a worker, which claims the
+    queued run; or, with inline steps, here, the run claimed already by this transaction (so
+    the claim costs no transaction of its own, and means the same: one holder, one lease).
+    ``answers`` are what the step resumes from, when the caller knows them."""
+    if run.status != Status.RUNNING:
+        enqueue(run.pk)
+        return
+    log(run, RunEvent.Kind.CLAIMED, None, attempt=run.attempt)
+    push_run_status(run, run.status)
+    _step_after_commit(run.pk, lambda: _execute_claimed(run, answers))
+
+
+def _step_after_commit(run_id: int, step: Callable[[], None]) -> None:
+    """Run an inline step once this transaction commits."""
+
+    def run_step() -> None:
+        try:
+            step()
+        except Exception:
+            # Our caller's change is committed and the run is queued or holds a lease: the
+            # sweeper hands the step on. The caller is not told of a failure it did not cause.
+            logger.exception("step of run %s failed to record; the sweeper will retry it", run_id)
+
+    transaction.on_commit(run_step)
+
+
+# Starting
+
+
+@retry_on_conflict
+def start_run(
+    action_name: str,
+    input: Any,  # noqa: A002
+    team: Team,
+    by: Actor,
+    consumer: str = Run.Consumer.API,
+    driver_state: dict[str, Any] | None = None,
+) -> Run:
+    """Validate the input and queue the run's first step. Raises UnknownAction, InvalidInput."""
+    act = registry.get(action_name) if runs_an_action(consumer) else None
+    check_size("the input", input)
+    check_size(
+        "the driver's state",
+        driver_state or {},
+        limit=settings.GRUNDLAG_MAX_PAYLOAD_BYTES * DRIVER_STATE_LIMIT_FACTOR,
+    )
+    if act is not None:
+        try:
+            input = act.input_model.model_validate(input).model_dump(mode="json")  # noqa: A001
+        except ValidationError as exc:
+            errors = field_errors(exc)
+            raise InvalidInput("the input does not fit the action's input schema", errors) from None
+    with atomic():
+        run = Run(
+            action=action_name,
+            input=input,
+            team=team,
+            consumer=consumer,
+            started_by=actor_user(by),
+            started_by_name=actor_name(by),
+            started_by_token=by if isinstance(by, ApiToken) else None,
+            driver_state=driver_state or {},
+        )
+        if inline():
+            run.status, run.attempt, run.lease_expires_at = Status.RUNNING, 1, lease_from(run.created_at)
+        store.insert(run)
+        log(run, RunEvent.Kind.STARTED, by, consumer=consumer)
+        # Pushes are registered before the step is handed over, so browsers hear of this change
+        # before any change the step makes (on_commit callbacks run in order). A run claimed
+        # here is announced by the claim.
+        if run.status == Status.QUEUED:
+            push_run_status(run, run.status)
+        hand_over(run, NO_ANSWERS)  # a new run has not paused
+    return run
+
+
+def pending_interrupts(run_id: int) -> list[Interrupt]:
+    """The run's pending interrupts, in order: what a program that drives runs itself (with
+    inline steps, the way LangGraph's invoke returns the interrupt) answers next."""
+    return list(Interrupt.objects.filter(run_id=run_id, status=Interrupt.Status.PENDING).order_by("seq"))
+
+
+# Executing a step (what a worker does)
+
+
+def answer_of(interrupt: Interrupt) -> Answer:
+    return Answer(
+        approved=interrupt.status == Interrupt.Status.APPROVED,
+        data=interrupt.answer,
+        state=interrupt.state,
+        reason=interrupt.reason,
+        decided_by=interrupt.decided_by_name,
+    )
+
+
+def answers_of(run_id: int, *, latest: Interrupt | None = None) -> Answers:
+    """The run's decisions, read when a driver first asks for one that is not ``latest`` (the
+    interrupt whose decision has just resumed the run: the latest for its call)."""
+    return Answers(
+        lambda: [(it.binding, answer_of(it)) for it in store.decided_interrupts(run_id)],
+        latest=(latest.binding, answer_of(latest)) if latest is not None else None,
+    )
+
+
+@retry_on_conflict
+def execute_step(run_id: int) -> None:
+    """Claim the run's queued step, run it, and record how it ended. Idempotent."""
+    now = timezone.now()
+    with atomic():
+        run = store.claim_queued(run_id, now, lease_from(now))
+        if run is None:
+            return  # another delivery of the message, or another worker, has it
+        log(run, RunEvent.Kind.CLAIMED, None, attempt=run.attempt)
+        push_run_status(run, run.status)
+    _execute_claimed(run)
+
+
+def _execute_claimed(run: Run, answers: Answers | None = None) -> None:
+    """Run the step of a run this process holds the lease of, and record how it ended."""
+    try:
+        result = driver_for(run.consumer).step(run, answers or answers_of(run.pk))
+    except Exception as exc:
+        logger.exception("step of run %s crashed in the engine", run.pk)
+        result = StepResult(Status.FAILED, error=f"{type(exc).__name__}: {exc}", internal=True)
+    record(run, result)
+
+
+def _result_problem(result: StepResult) -> str:
+    if result.status == Status.COMPLETED:
+        return storing_problem("the output", result.output)
+    for pause in result.pauses:
+        if problem := storing_problem("the interrupt's data", pause.data) or storing_problem(
+            "the checkpoint", pause.state
+        ):
+            return problem
+    return ""
+
+
+def _checked(run: Run, result: StepResult) -> tuple[StepResult, bool]:
+    """The result as it can be stored, and whether the driver's state can be. What is stored is
+    shown on pages, in exports and in the admin: a value too deep (or not JSON) is refused here,
+    for every driver, and the run fails saying which. Text from an action or a script (an
+    error, a pause's message) is whatever it raised: bounded, and escaped where a database
+    could not store it."""
+    if result.status == Status.INTERRUPTED and not result.pauses:
+        # Nothing to answer would leave the run waiting forever: a driver's defect, said so.
+        logger.error("run %s: a step reported interrupted with no pause", run.pk)
+        result = StepResult(Status.FAILED, error="the step paused without saying on what (an engine defect)")
+    error = report_internal_error(run.pk, result.error) if result.internal else result.error
+    result = dataclasses.replace(
+        result,
+        error=safe_text(error, MAX_ERROR_CHARS),
+        internal=False,
+        pauses=[
+            dataclasses.replace(pause, message=safe_text(pause.message, MAX_ERROR_CHARS))
+            for pause in result.pauses
+        ],
+    )
+    state_problem = ""
+    if result.driver_state is not None:
+        state_problem = storing_problem("the driver's state", result.driver_state, DRIVER_STATE_LIMIT_FACTOR)
+    problem = state_problem or _result_problem(result)
+    if problem:
+        logger.warning("run %s: %s", run.pk, problem)
+        result = StepResult(Status.FAILED, error=f"the step's result cannot be stored: {problem}")
+    return result, not state_problem
+
+
+@retry_on_conflict
+def record(run: Run, result: StepResult) -> None:
+    """Record how a step ended, with the driver's new state and the interrupts it paused on."""
+    now = timezone.now()
+    result, state_storable = _checked(run, result)
+    # A driver's state that cannot be stored is not: the run keeps the one it had.
+    driver_state = result.driver_state if state_storable and result.driver_state is not None else store.KEEP
+    with atomic():
+        finished = result.status in Run.FINISHED
+        recorded = store.record_step(
+            run,
+            now,
+            status=result.status,
+            driver_state=driver_state,
+            output=result.output if result.status == Status.COMPLETED else None,
+            error=result.error if result.status == Status.FAILED else "",
+            finished_at=now if finished else None,
+        )
+        if not recorded:
+            logger.warning("run %s attempt %s lost its lease; result dropped", run.pk, run.attempt)
+            return
+        if result.status == Status.INTERRUPTED:
+            for pause in result.pauses:
+                action_name = pause.action or run.action
+                interrupt = Interrupt(
+                    run_id=run.pk,
+                    team_id=run.team_id,
+                    action=action_name,
+                    message=pause.message,
+                    data=pause.data,
+                    state=pause.state,
+                    tool_call_id=pause.tool_call_id,
+                    binding=pause.binding or call_binding(action_name),
+                    **policy_fields(run.team_id, action_name, now),
+                )
+                store.insert(interrupt, store.next_seq(run.pk))
+                log(run, RunEvent.Kind.INTERRUPTED, None, interrupt, seq=interrupt.seq)
+                push_team(
+                    run.team_id, "interrupt", run_id=run.pk, interrupt_id=interrupt.pk, status="pending"
+                )
+        elif result.status == Status.COMPLETED:
+            log(run, RunEvent.Kind.COMPLETED, None)
+        else:
+            log(run, RunEvent.Kind.FAILED, None, error=result.error)
+        push_run_status(run, result.status)
