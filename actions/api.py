@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -194,6 +195,11 @@ def already_decided(request: HttpRequest, exc: engine.AlreadyDecided) -> HttpRes
     return api.create_response(request, body, status=409)
 
 
+@api.exception_handler(engine.NotCancellable)
+def not_cancellable(request: HttpRequest, exc: engine.NotCancellable) -> HttpResponse:
+    return api.create_response(request, {"detail": str(exc)}, status=409)
+
+
 @api.exception_handler(engine.NotAllowed)
 def not_allowed(request: HttpRequest, exc: engine.NotAllowed) -> HttpResponse:
     return api.create_response(request, {"detail": str(exc)}, status=403)
@@ -345,6 +351,22 @@ async def settled_response(request: HttpRequest, run_id: int) -> Status[dict[str
     return await sync_to_async(describe)()
 
 
+async def started(request: HttpRequest, start: Callable[[ApiToken], Run]) -> Status[dict[str, Any]]:
+    """Start a run for the request's token, then answer as `Prefer: wait` asks."""
+    token = token_of(request)
+    run = await sync_to_async(start)(token)
+    return await settled_response(request, run.pk)
+
+
+async def decided(
+    request: HttpRequest, interrupt_id: int, decide: Callable[[Interrupt, ApiToken], Interrupt]
+) -> Status[dict[str, Any]]:
+    """Decide one of the token's team's interrupts, then answer as `Prefer: wait` asks."""
+    token = token_of(request)
+    it = await sync_to_async(lambda: decide(get_interrupt(token, interrupt_id), token))()
+    return await settled_response(request, it.run_id)
+
+
 # Endpoints
 
 
@@ -369,18 +391,26 @@ def list_actions(request: HttpRequest) -> list[dict[str, Any]]:
 async def create_run(request: HttpRequest, payload: RunIn) -> Status[dict[str, Any]]:
     """Start a run of an action in the token's team. `Prefer: wait=N` waits up to N seconds
     (at most 30) for it to settle: 200 when it has, 202 while it is still queued or running."""
-    token = token_of(request)
-
-    def start() -> Run:
-        return engine.start_run(payload.action, payload.input, token.team, token, Run.Consumer.API)
-
-    run = await sync_to_async(start)()
-    return await settled_response(request, run.pk)
+    return await started(
+        request,
+        lambda token: engine.start_run(payload.action, payload.input, token.team, token, Run.Consumer.API),
+    )
 
 
 @api.get("/runs/{run_id}", response={200: RunDetailOut, 404: Error}, tags=["runs"])
 def read_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
     return run_out(request, get_run(token_of(request), run_id), transcript=True)
+
+
+@api.post("/runs/{run_id}/cancel", response={200: RunOut, 404: Error, 409: Error}, tags=["runs"])
+def cancel_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
+    """Cancel an unfinished run of the token's team: it ends `cancelled` and its pending
+    interrupts leave the inbox. 409 when it has finished already."""
+    token = token_of(request)
+    run = get_run(token, run_id)
+    engine.cancel(run, token)
+    run.refresh_from_db()
+    return run_out(request, run)
 
 
 @api.get("/interrupts", response=list[InterruptListItem], tags=["interrupts"])
@@ -411,13 +441,7 @@ async def resume_interrupt(
     request: HttpRequest, interrupt_id: int, payload: ResumeIn
 ) -> Status[dict[str, Any]]:
     """Answer a pending interrupt; the run re-runs its action with `data` as the answer."""
-    token = token_of(request)
-
-    def decide() -> Interrupt:
-        return engine.resume(get_interrupt(token, interrupt_id), payload.data, token)
-
-    it = await sync_to_async(decide)()
-    return await settled_response(request, it.run_id)
+    return await decided(request, interrupt_id, lambda it, token: engine.resume(it, payload.data, token))
 
 
 @api.post(
@@ -430,13 +454,7 @@ async def reject_interrupt(
     request: HttpRequest, interrupt_id: int, payload: RejectIn
 ) -> Status[dict[str, Any]]:
     """Reject a pending interrupt with a reason: an action's run ends `rejected`."""
-    token = token_of(request)
-
-    def decide() -> Interrupt:
-        return engine.reject(get_interrupt(token, interrupt_id), payload.error, token)
-
-    it = await sync_to_async(decide)()
-    return await settled_response(request, it.run_id)
+    return await decided(request, interrupt_id, lambda it, token: engine.reject(it, payload.error, token))
 
 
 # Agents
@@ -454,14 +472,10 @@ def agent_out(request: HttpRequest, run: Run) -> dict[str, Any]:
 async def create_agent_run(request: HttpRequest, payload: AgentRunIn) -> Status[dict[str, Any]]:
     """Start an agent: the model loops over its tool calls; a call that pauses stops the run as
     `interrupted` with the interrupt (and its `tool_call_id`); answer it like any interrupt."""
-    token = token_of(request)
     messages = [message.model_dump(exclude_none=True) for message in payload.messages]
-
-    def start() -> Run:
-        return start_agent(messages, payload.tools, payload.model, token.team, token)
-
-    run = await sync_to_async(start)()
-    return await settled_response(request, run.pk)
+    return await started(
+        request, lambda token: start_agent(messages, payload.tools, payload.model, token.team, token)
+    )
 
 
 @api.get("/agents/runs/{run_id}", response={200: AgentRunDetailOut, 404: Error}, tags=["agents"])
@@ -482,13 +496,9 @@ async def create_script_run(request: HttpRequest, payload: ScriptRunIn) -> Statu
     """Run a script in the sandbox. It reads `input`, calls `tools.<action>(**kwargs)`, and its
     `return` value is the output. A call that pauses stops it as `interrupted`; answering the
     interrupt replays the script from its call log."""
-    token = token_of(request)
-
-    def start() -> Run:
-        return start_script(payload.source, payload.input, token.team, token)
-
-    run = await sync_to_async(start)()
-    return await settled_response(request, run.pk)
+    return await started(
+        request, lambda token: start_script(payload.source, payload.input, token.team, token)
+    )
 
 
 @api.get("/scripts/runs/{run_id}", response={200: ScriptRunDetailOut, 404: Error}, tags=["scripts"])

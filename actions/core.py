@@ -185,10 +185,6 @@ class Action:
     # Templates read an action's attributes; being callable, it would otherwise be called.
     do_not_call_in_templates: ClassVar[bool] = True
 
-    @property
-    def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.execute)
-
     def input_schema(self) -> dict[str, Any]:
         return self.input_model.model_json_schema()
 

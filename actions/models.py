@@ -50,11 +50,6 @@ class Team(models.Model):
     def __str__(self) -> str:
         return self.name
 
-    @property
-    def group_name(self) -> str:
-        """The Channels group every connected reviewer of this team listens on."""
-        return f"team-{self.pk}"
-
 
 def hash_token(key: str) -> str:
     # Tokens are 256 random bits, so a fast hash is enough: there is nothing to brute-force.
@@ -228,7 +223,8 @@ class Interrupt(models.Model):
     action = models.CharField(max_length=200)
     message = models.TextField()
     data = JSONField(null=True, blank=True)
-    # The action's private checkpoint. Never rendered, serialised or pushed; see tests/test_state_privacy.py.
+    # The action's private checkpoint. Never rendered, serialised or pushed; see
+    # tests/test_security.py (test_the_checkpoint_never_leaves_the_server) and tests/test_consumers.py.
     state = JSONField(null=True, blank=True)
     # For agent runs: the suspended tool call this interrupt belongs to.
     tool_call_id = models.CharField(max_length=200, blank=True)

@@ -199,3 +199,23 @@ def test_unknown_paths_and_methods_get_json_errors(api: Api) -> None:
     assert missing.status_code == 404 and missing.json()["detail"]
     wrong = api.client.delete("/api/actions", headers={"Authorization": f"Bearer {api.key}"})
     assert wrong.status_code == 405 and wrong.json() == {"detail": "Method not allowed"}
+
+
+def test_a_run_is_cancelled_through_the_api_and_its_interrupt_leaves_the_inbox(
+    api: Api, other_api: Api
+) -> None:
+    run = api.post("/runs", {"action": "send_invoice", "input": {"invoice_id": "C-1", "amount": 2}}).json()
+    assert run["status"] == "interrupted"
+    assert other_api.post(f"/runs/{run['id']}/cancel", {}).status_code == 404, "another team's run"
+
+    cancelled = api.post(f"/runs/{run['id']}/cancel", {})
+    assert cancelled.status_code == 200
+    assert cancelled.json()["status"] == "cancelled" and cancelled.json()["interrupt"] is None
+    transcript = api.get(f"/runs/{run['id']}").json()["transcript"]
+    assert [entry["status"] for entry in transcript] == ["cancelled"]
+    assert api.get("/interrupts?status=pending").json() == []
+
+    again = api.post(f"/runs/{run['id']}/cancel", {})
+    assert again.status_code == 409 and again.json()["detail"] == f"run {run['id']} is already cancelled"
+    late = api.post(f"/interrupts/{run['interrupt']['id']}/resume", {"data": {"approved": True}})
+    assert late.status_code == 409 and late.json()["status"] == "cancelled"

@@ -237,3 +237,38 @@ def test_every_page_shows_who_is_logged_in_with_logout(team: Team, reviewer: Use
     page = logged_in(reviewer).get("/runs/").content.decode()
     assert "Signed in as <strong>reviewer1</strong>" in page
     assert 'action="/logout/"' in page
+
+
+def test_a_member_cancels_a_run_from_its_page_after_confirming(
+    team: Team, reviewer: User, outsider: User, auditor: User
+) -> None:
+    it = start(team)
+    client = logged_in(reviewer)
+    assert f'id="interrupt-{it.pk}"' in client.get("/").content.decode()
+    page = client.get(f"/runs/{it.run_id}/").content.decode()
+    assert f'action="/runs/{it.run_id}/cancel/"' in page and 'name="confirm"' in page
+
+    unconfirmed = client.post(f"/runs/{it.run_id}/cancel/", follow=True)
+    assert "tick the box to confirm" in unconfirmed.content.decode()
+    assert Run.objects.get(pk=it.run_id).status == "interrupted"
+    assert logged_in(outsider).post(f"/runs/{it.run_id}/cancel/", {"confirm": "yes"}).status_code == 404
+
+    done = client.post(f"/runs/{it.run_id}/cancel/", {"confirm": "yes"}, follow=True)
+    assert f"Cancelled run {it.run_id}" in done.content.decode()
+    assert Run.objects.get(pk=it.run_id).status == "cancelled"
+    it.refresh_from_db()
+    assert it.status == "cancelled" and it.decided_by == reviewer
+    assert 'name="confirm"' not in done.content.decode(), "a finished run offers no cancel"
+    assert f'id="interrupt-{it.pk}"' not in client.get("/").content.decode(), "it left the inbox"
+
+    again = client.post(f"/runs/{it.run_id}/cancel/", {"confirm": "yes"}, follow=True)
+    assert f"Not cancelled: run {it.run_id} is already cancelled." in again.content.decode()
+
+
+def test_a_staff_auditor_may_cancel_but_a_get_changes_nothing(team: Team, auditor: User) -> None:
+    it = start(team)
+    client = logged_in(auditor)
+    assert client.get(f"/runs/{it.run_id}/cancel/").status_code == 405
+    assert Run.objects.get(pk=it.run_id).status == "interrupted"
+    client.post(f"/runs/{it.run_id}/cancel/", {"confirm": "yes"})
+    assert Run.objects.get(pk=it.run_id).status == "cancelled"

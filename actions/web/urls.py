@@ -11,6 +11,7 @@ urlpatterns = [
     path("interrupts/<int:pk>/reject/", views.reject, name="reject"),
     path("runs/", views.runs, name="runs"),
     path("runs/<int:pk>/", views.run_detail, name="run"),
+    path("runs/<int:pk>/cancel/", views.cancel_run, name="cancel_run"),
     path("start/", views.start, name="start"),
     path("start/<str:name>/", views.start_action, name="start_action"),
     path("history/", history.history, name="history"),

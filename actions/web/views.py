@@ -4,6 +4,7 @@ change are re-fetched as fragments when the websocket says something changed."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -167,29 +168,56 @@ def _decided(request: AuthenticatedRequest, interrupt: Interrupt, text: str) -> 
     return redirect("inbox")
 
 
-@login_required
-@require_POST
-def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
-    interrupt = _get_interrupt_for_user(request.user, pk)
+def _decide(
+    request: AuthenticatedRequest,
+    interrupt: Interrupt,
+    verb: str,
+    form: SchemaForm | ApprovalForm | RejectForm,
+    decide: Callable[[], Interrupt],
+    **form_context: Any,
+) -> Interrupt | HttpResponse:
+    """Check that the reviewer may decide, validate the form and decide through the engine:
+    the decided interrupt, or the page (or fragment) that says why it was not decided."""
     if not engine.may_decide(request.user, interrupt):
         return _render_decision(request, interrupt, status=403, error=engine.why_not(request.user, interrupt))
-    form = _answer_form(interrupt, request.POST)
     if not form.is_valid():
-        return _render_decision(request, interrupt, status=422, answer_form=form)
+        return _render_decision(request, interrupt, status=422, **form_context)
     try:
-        decided = engine.resume(interrupt, form.payload(), request.user)
+        return decide()
     except engine.InvalidInput as exc:
-        form.add_model_errors(exc.errors)
-        return _render_decision(request, interrupt, status=422, answer_form=form)
+        if isinstance(form, RejectForm):
+            form.add_error("reason", str(exc))
+        else:
+            form.add_model_errors(exc.errors)
+        return _render_decision(request, interrupt, status=422, **form_context)
     except engine.PayloadTooLarge as exc:
-        form.add_error(None, str(exc))
-        return _render_decision(request, interrupt, status=413, answer_form=form)
+        # A reason too long is the reason field's error; an answer too large, the whole form's.
+        reject = isinstance(form, RejectForm)
+        form.add_error("reason" if reject else None, str(exc))
+        return _render_decision(request, interrupt, status=422 if reject else 413, **form_context)
     except engine.AlreadyDecided as exc:
-        return _render_decision(request, exc.interrupt, status=409, error=f"Not approved: {exc}.")
+        return _render_decision(request, exc.interrupt, status=409, error=f"Not {verb}: {exc}.")
     except engine.NotAllowed as exc:
         return _render_decision(request, interrupt, status=403, error=str(exc))
     except engine.Busy as exc:
         return _render_decision(request, interrupt, status=503, error=str(exc))
+
+
+@login_required
+@require_POST
+def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
+    interrupt = _get_interrupt_for_user(request.user, pk)
+    form = _answer_form(interrupt, request.POST)
+    decided = _decide(
+        request,
+        interrupt,
+        "approved",
+        form,
+        lambda: engine.resume(interrupt, form.payload(), request.user),
+        answer_form=form,
+    )
+    if isinstance(decided, HttpResponse):
+        return decided
     restarted = getattr(decided, "count_restarted", None)
     if decided.is_pending and restarted:
         text = (
@@ -207,22 +235,18 @@ def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
 @require_POST
 def reject(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     interrupt = _get_interrupt_for_user(request.user, pk)
-    if not engine.may_decide(request.user, interrupt):
-        return _render_decision(request, interrupt, status=403, error=engine.why_not(request.user, interrupt))
     form = RejectForm(request.POST, prefix="reject")
-    if not form.is_valid():
-        return _render_decision(request, interrupt, status=422, reject_form=form, open_reject=True)
-    try:
-        engine.reject(interrupt, form.cleaned_data["reason"], request.user)
-    except (engine.InvalidInput, engine.PayloadTooLarge) as exc:
-        form.add_error("reason", str(exc))
-        return _render_decision(request, interrupt, status=422, reject_form=form, open_reject=True)
-    except engine.AlreadyDecided as exc:
-        return _render_decision(request, exc.interrupt, status=409, error=f"Not rejected: {exc}.")
-    except engine.NotAllowed as exc:
-        return _render_decision(request, interrupt, status=403, error=str(exc))
-    except engine.Busy as exc:
-        return _render_decision(request, interrupt, status=503, error=str(exc))
+    decided = _decide(
+        request,
+        interrupt,
+        "rejected",
+        form,
+        lambda: engine.reject(interrupt, form.cleaned_data["reason"], request.user),
+        reject_form=form,
+        open_reject=True,
+    )
+    if isinstance(decided, HttpResponse):
+        return decided
     return _decided(request, interrupt, f"Rejected “{interrupt.message}”.")
 
 
@@ -282,10 +306,37 @@ def run_detail(request: AuthenticatedRequest, pk: int) -> HttpResponse:
         "interrupts": interrupts,
         "decisions": decisions,
         "conversation": _conversation(run, interrupts) if run.consumer == Run.Consumer.AGENT else None,
+        "may_cancel": _may_cancel(request.user, run),
     }
     if _htmx(request):
         return render(request, "actions/partials/run_body.html", context)
     return render(request, "actions/run.html", context)
+
+
+def _may_cancel(user: User, run: Run) -> bool:
+    """Members of the run's team (and staff) may cancel it while it is unfinished."""
+    return not run.is_finished and (user.is_staff or run.team.members.filter(pk=user.pk).exists())
+
+
+@login_required
+@require_POST
+def cancel_run(request: AuthenticatedRequest, pk: int) -> HttpResponse:
+    """Cancel the run (a form with a confirmation box on the run's page)."""
+    run = _get_run_for_user(request.user, pk)
+    if run.is_finished:
+        messages.error(request, f"Not cancelled: run {run.pk} is already {run.status}.")
+    elif not _may_cancel(request.user, run):
+        messages.error(request, f"Only members of {run.team} can cancel this run.")
+    elif not request.POST.get("confirm"):
+        messages.error(request, "Not cancelled: tick the box to confirm.")
+    else:
+        try:
+            engine.cancel(run, request.user)
+        except (engine.NotCancellable, engine.Busy) as exc:
+            messages.error(request, f"Not cancelled: {exc}.")
+        else:
+            messages.success(request, f"Cancelled run {run.pk}; its pending approvals left the inbox.")
+    return redirect(run)
 
 
 @login_required
