@@ -1,12 +1,29 @@
+"""Fixtures for every test, and the two variants the engine's and drivers' tests run in.
+
+- ``steps``: "worker steps" (handed to Celery, here eager, which claims them) or "inline steps"
+  (GRUNDLAG_INLINE_STEPS: claimed by the transaction that queues them, run after it commits).
+- ``database``: "sqlite" or "postgresql": the engine's hot path is SQL (actions/engine/store.py),
+  and row locks, RETURNING and JSON columns behave differently on each. The PostgreSQL variant
+  runs on a real server the session starts (tests/integration/services.py).
+
+A module opts in with ``pytest.mark.usefixtures("steps", "database")``; ``pytest --collect-only``
+lists each test once per variant, e.g. ``test_x[worker steps-postgresql]``.
+"""
+
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 from django.contrib.auth.models import User
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from actions.models import ApiToken, Team
 from grundlag_site.celery import app as celery_app
+from tests import recorded
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -14,6 +31,100 @@ def _tasks_run_inline() -> None:
     """In this process, steps run inline where they are enqueued (after commit), so engine
     and API tests see a settled run. Tests under tests/integration run real worker processes."""
     celery_app.conf.task_always_eager = True
+
+
+# The variants
+
+
+@pytest.fixture(params=["worker steps", "inline steps"])
+def steps(request: pytest.FixtureRequest, settings: Any) -> str:
+    settings.GRUNDLAG_INLINE_STEPS = request.param == "inline steps"
+    return str(request.param)
+
+
+POSTGRESQL = "postgresql"  # the database alias of the PostgreSQL variant
+
+
+def _on_postgresql(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("database") == POSTGRESQL
+
+
+def _postgresql_installed() -> bool:
+    from tests.integration.services import postgres_installed
+
+    return postgres_installed()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The PostgreSQL variant's tests may use its database (pytest-django creates a test
+    database for every alias a collected test asks for)."""
+    available = _postgresql_installed()
+    for item in items:
+        if not _on_postgresql(item):
+            continue
+        if not available and not os.environ.get("CI"):
+            item.add_marker(pytest.mark.skip(reason="PostgreSQL is not installed (.ci/run installs it)"))
+            continue
+        marker = item.get_closest_marker("django_db")
+        kwargs = dict(marker.kwargs) if marker is not None else {}
+        kwargs["databases"] = [DEFAULT_DB_ALIAS, POSTGRESQL]
+        item.add_marker(pytest.mark.django_db(**kwargs))
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(
+    django_db_modify_db_settings_parallel_suffix: None, request: pytest.FixtureRequest
+) -> None:
+    """Before the test databases are created: when the PostgreSQL variant is collected, start
+    the server and add its alias."""
+    if not any(
+        _on_postgresql(item) and not item.get_closest_marker("skip") for item in request.session.items
+    ):
+        return
+    server = request.getfixturevalue("postgres")
+    django_settings.DATABASES[POSTGRESQL] = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "grundlag",
+        "USER": server.user,
+        "HOST": "127.0.0.1",
+        "PORT": str(server.port),
+        "TEST": {"NAME": "test_grundlag"},
+    }
+    connections.settings[POSTGRESQL] = connections.configure_settings(django_settings.DATABASES)[POSTGRESQL]
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Any]:
+    """A PostgreSQL server of the session's own, on a private port."""
+    from tests.integration.services import Postgres
+
+    server = Postgres()
+    server.init()
+    server.start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(params=["sqlite", POSTGRESQL])
+def database(request: pytest.FixtureRequest, db: None) -> Iterator[str]:
+    """In the PostgreSQL variant, the default connection (the one the engine, the ORM and
+    Django's transactions use) is the PostgreSQL test database's, in this thread and in every
+    thread the test starts, until the test ends."""
+    if request.param != POSTGRESQL:
+        yield str(request.param)
+        return
+    default, default_settings = connections[DEFAULT_DB_ALIAS], connections.settings[DEFAULT_DB_ALIAS]
+    connections[DEFAULT_DB_ALIAS] = connections[POSTGRESQL]
+    connections.settings[DEFAULT_DB_ALIAS] = connections.settings[POSTGRESQL]
+    try:
+        yield POSTGRESQL
+    finally:
+        connections[DEFAULT_DB_ALIAS] = default
+        connections.settings[DEFAULT_DB_ALIAS] = default_settings
+
+
+# Users and teams
 
 
 @pytest.fixture
@@ -71,3 +182,10 @@ def token_key(team: Team) -> str:
 @pytest.fixture
 def other_token_key(other_team: Team) -> str:
     return ApiToken.issue(other_team, "payroll-ci")[1]
+
+
+@pytest.fixture
+def ran() -> list[str]:
+    """What the test action `noted` (tests/recorded.py) ran for, in order, in this test."""
+    recorded.RAN.clear()
+    return recorded.RAN

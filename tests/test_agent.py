@@ -12,27 +12,13 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
-from pydantic import BaseModel
 
 from actions import engine
-from actions.core import ActionContext, action
 from actions.drivers.agent import start_agent
 from actions.models import Interrupt, Run, Team
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-CALLS: list[str] = []
-
-
-class Ping(BaseModel):
-    text: str
-
-
-@action(input=Ping, name="counted_lookup")
-def counted_lookup(ctx: ActionContext) -> dict[str, str]:
-    """Never pauses; counts how often it really ran."""
-    CALLS.append(ctx.input.text)
-    return {"echo": ctx.input.text}
+# Runs with steps in workers and inline, on SQLite and on PostgreSQL (tests/conftest.py).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps", "database")]
 
 
 def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
@@ -102,26 +88,25 @@ def test_a_rejected_tool_call_is_an_error_the_model_sees_and_the_loop_goes_on(
 
 
 def test_parallel_calls_keep_finished_results_and_wait_for_every_pause(
-    team: Team, reviewer: User, second_reviewer: User
+    team: Team, reviewer: User, second_reviewer: User, ran: list[str]
 ) -> None:
-    CALLS.clear()
     run = agent(
         team,
         [
             {
                 "tool_calls": [
-                    call("a", "counted_lookup", text="once"),
+                    call("a", "noted", text="once"),
                     call("b", "send_invoice", invoice_id="I-2", amount=7),
                     call("c", "transfer_funds", amount=20, to="Y"),
                 ]
             },
             {"content": "all three done"},
         ],
-        ["counted_lookup", "send_invoice", "transfer_funds"],
+        ["noted", "send_invoice", "transfer_funds"],
     )
     pending = {it.tool_call_id: it for it in run.interrupts.filter(status="pending")}
     assert set(pending) == {"b", "c"} and run.status == "interrupted"
-    assert CALLS == ["once"]
+    assert ran == ["once"]
 
     engine.resume(pending["b"], {"approved": True}, reviewer)
     run.refresh_from_db()
@@ -129,7 +114,7 @@ def test_parallel_calls_keep_finished_results_and_wait_for_every_pause(
     engine.resume(pending["c"], {"approved": True}, second_reviewer)
     run.refresh_from_db()
     assert (run.status, run.output) == ("completed", "all three done")
-    assert CALLS == ["once"], "the finished call was not run again"
+    assert ran == ["once"], "the finished call was not run again"
     tools = [m for m in run.driver_state["messages"] if m["role"] == "tool"]
     assert [m["tool_call_id"] for m in tools] == ["a", "b", "c"]
     assert json.loads(tools[2]["content"]) == {"transferred": True, "answers": [{"approved": True}]}

@@ -11,7 +11,8 @@ from django.test import Client
 
 from actions.models import ApiToken, Policy, Run, Team
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Runs with steps in workers and inline (tests/conftest.py).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps")]
 
 
 class Api:

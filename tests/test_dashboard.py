@@ -12,7 +12,8 @@ from django.test import Client
 from actions import engine
 from actions.models import Interrupt, Run, Team
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Runs with steps in workers and inline (tests/conftest.py).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps")]
 
 
 def start(team: Team, action: str = "send_invoice", **payload: Any) -> Interrupt:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import OperationalError, connection
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -19,15 +19,8 @@ from actions.engine import steps as engine_steps
 from actions.models import Interrupt, Run, RunEvent, Team
 from grundlag_site.celery import app as celery_app
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True, params=["worker steps", "inline steps"])
-def steps(request: pytest.FixtureRequest, settings: Any) -> str:
-    """Every test here runs twice: steps handed to a (here, eager) Celery worker, which claims
-    them, and steps run inline, claimed by the transaction that queues them."""
-    settings.GRUNDLAG_INLINE_STEPS = request.param == "inline steps"
-    return str(request.param)
+# Every test runs with steps in workers and inline, on SQLite and on PostgreSQL (tests/conftest.py).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps", "database")]
 
 
 @pytest.fixture
@@ -39,16 +32,18 @@ def no_worker() -> Iterator[None]:
 
 
 @pytest.fixture
-def commits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def commits(monkeypatch: pytest.MonkeyPatch, database: str) -> list[int]:
     """Counts the transactions the database commits (each one appends to the list)."""
     counted: list[int] = []
-    commit: Callable[[], None] = connection.commit
+    # The variant's connection itself, not the proxy: it is restored whatever ends first.
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    commit: Callable[[], None] = wrapper.commit
 
     def counting() -> None:
         counted.append(1)
         commit()
 
-    monkeypatch.setattr(connection, "commit", counting)
+    monkeypatch.setattr(wrapper, "commit", counting)
     return counted
 
 

@@ -25,7 +25,8 @@ from actions.engine.errors import retry_on_conflict
 from actions.engine.steps import answers_of
 from actions.models import ApiToken, Interrupt, Policy, Run, RunEvent, Team
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Runs with steps in workers and inline, on SQLite and on PostgreSQL (tests/conftest.py).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps", "database")]
 
 
 def bearer(key: str) -> dict[str, str]:

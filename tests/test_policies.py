@@ -17,7 +17,8 @@ from actions import engine
 from actions.core import ActionContext, ActionInterrupt, ApprovalPolicy, action
 from actions.models import ApiToken, Interrupt, Policy, Run, Team
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Runs with steps in workers and inline, on SQLite and on PostgreSQL (tests/conftest.py).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps", "database")]
 
 
 class Item(BaseModel):

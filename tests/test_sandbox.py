@@ -8,28 +8,14 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
-from pydantic import BaseModel
 
 from actions import engine
-from actions.core import ActionContext, action
 from actions.drivers.agent import start_agent
 from actions.drivers.sandbox import run_script, start_script
 from actions.models import Run, Team
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-EFFECTS: list[str] = []
-
-
-class Note(BaseModel):
-    text: str
-
-
-@action(input=Note, name="noted")
-def noted(ctx: ActionContext) -> dict[str, str]:
-    """Records that it really ran."""
-    EFFECTS.append(ctx.input.text)
-    return {"noted": ctx.input.text}
+# Runs with steps in workers and inline (tests/conftest.py).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps")]
 
 
 def script(team: Team, source: str, **payload: Any) -> Run:
@@ -46,10 +32,11 @@ return [before["noted"], sent["sent"], after["noted"]]
 """
 
 
-def test_a_paused_call_is_replayed_without_running_logged_calls_again(team: Team, reviewer: User) -> None:
-    EFFECTS.clear()
+def test_a_paused_call_is_replayed_without_running_logged_calls_again(
+    team: Team, reviewer: User, ran: list[str]
+) -> None:
     run = script(team, THREE_CALLS, invoice="S-1")
-    assert run.status == "interrupted" and EFFECTS == ["before"]
+    assert run.status == "interrupted" and ran == ["before"]
     assert run.driver_state["paused"] == {
         "position": 1,
         "action": "send_invoice",
@@ -61,7 +48,7 @@ def test_a_paused_call_is_replayed_without_running_logged_calls_again(team: Team
     engine.resume(interrupt, {"approved": True}, reviewer)
     run.refresh_from_db()
     assert (run.status, run.output) == ("completed", ["before", True, "after"])
-    assert EFFECTS == ["before", "after"], "the logged call was replayed, not run again"
+    assert ran == ["before", "after"], "the logged call was replayed, not run again"
     log = run.driver_state["call_log"]
     assert [(e["position"], e["action"]) for e in log] == [(0, "noted"), (1, "send_invoice"), (2, "noted")]
     assert log[1]["result"]["approved_by_answer"] == {"approved": True}
@@ -90,8 +77,9 @@ def test_a_rejected_call_ends_the_script_run_rejected(team: Team, reviewer: User
     assert (run.status, run.error) == ("rejected", "not now")
 
 
-def test_a_script_that_diverges_from_its_log_fails_naming_the_position(team: Team, reviewer: User) -> None:
-    EFFECTS.clear()
+def test_a_script_that_diverges_from_its_log_fails_naming_the_position(
+    team: Team, reviewer: User, ran: list[str]
+) -> None:
     run = script(team, THREE_CALLS, invoice="S-3")
     # As if the script had changed its mind: the log says another call came first.
     state = run.driver_state
@@ -104,7 +92,7 @@ def test_a_script_that_diverges_from_its_log_fails_naming_the_position(team: Tea
         'the script diverged from its call log at position 0: expected noted({"text": "something else"}), '
         'got noted({"text": "before"})'
     )
-    assert EFFECTS == ["before"], "nothing ran after the divergence"
+    assert ran == ["before"], "nothing ran after the divergence"
 
 
 def test_a_failed_action_raises_inside_the_script_where_it_can_be_handled(team: Team) -> None:

@@ -12,7 +12,8 @@ from django.utils import timezone
 from actions.engine import store
 from actions.models import Interrupt, Run, RunEvent, Team
 
-pytestmark = pytest.mark.django_db
+# Runs on SQLite and on PostgreSQL (tests/conftest.py).
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("database")]
 
 
 @pytest.fixture
@@ -118,3 +119,27 @@ def test_an_event_inserted_by_the_engine_is_still_append_only(run: Run) -> None:
     assert RunEvent.objects.get(pk=event.pk).detail == {"a": 1}
     with pytest.raises(TypeError, match="append-only"):
         event.save()
+
+
+def test_each_database_variant_runs_on_its_own_database_in_every_thread(database: str) -> None:
+    """The PostgreSQL variant is not SQLite under another name: the engine's connection, and a
+    connection a thread of the test opens, are both to the variant's database."""
+    import threading
+
+    from django.db import connection
+
+    vendors: list[str] = []
+
+    def in_a_thread() -> None:
+        try:
+            vendors.append(connection.vendor)
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=in_a_thread)
+    thread.start()
+    thread.join(10)
+    expected = "postgresql" if database == "postgresql" else "sqlite"
+    assert (connection.vendor, store._db().vendor, vendors) == (expected, expected, [expected])

@@ -68,15 +68,6 @@ def site(tmp_path: Path, request: pytest.FixtureRequest, sqlite_template: tuple[
 
 
 @pytest.fixture(scope="session")
-def postgres() -> Iterator[Postgres]:
-    server = Postgres()
-    server.init()
-    server.start()
-    yield server
-    server.cleanup()
-
-
-@pytest.fixture(scope="session")
 def redis_server() -> Iterator[Redis]:
     server = Redis()
     server.start()

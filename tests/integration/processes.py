@@ -185,21 +185,6 @@ def base_env(database_url: str, action_modules: str = "actions.examples") -> dic
     return env
 
 
-def pytest_passes(modules: list[str], **env: str) -> None:
-    """Run these test modules again in a child pytest with ``env`` added: every test must pass,
-    none may skip."""
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *modules],
-        cwd=ROOT,
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "grundlag_site.settings", **env},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout
-
-
 def logged_in_reviewer(web: Server) -> httpx.Client:
     """An HTTP client logged in as reviewer1 through the login form, as a browser would be."""
     reviewer = httpx.Client(base_url=web.url, timeout=30)

@@ -18,6 +18,10 @@ import redis
 from tests.integration.processes import free_port, stop, wait_for, wait_for_port
 
 
+def postgres_installed() -> bool:
+    return bool(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+
+
 def _postgres_bin(name: str) -> str:
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
     if not found:
