@@ -13,6 +13,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from pydantic import ValidationError
 
+from actions import engine
 from actions.core import describe_errors, field_errors, registry
 from actions.models import ApiToken, Interrupt, Policy, Run, RunEvent, Team
 
@@ -140,13 +141,7 @@ class InterruptAdmin(ReadOnlyAdmin):
         if not request.user.is_superuser:
             raise Http404
         interrupt = get_object_or_404(Interrupt, pk=pk)
-        RunEvent.objects.create(
-            run_id=interrupt.run_id,
-            interrupt=interrupt,
-            kind=RunEvent.Kind.CHECKPOINT_VIEWED,
-            actor=request.user,
-            actor_name=request.user.get_username(),
-        )
+        engine.log_event(interrupt.run_id, RunEvent.Kind.CHECKPOINT_VIEWED, request.user, interrupt)
         context = {
             **self.admin_site.each_context(request),
             "title": f"Checkpoint of {interrupt}",

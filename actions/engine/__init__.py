@@ -37,6 +37,7 @@ from actions.engine.errors import (
     PayloadTooLarge,
     check_size,
 )
+from actions.engine.journal import log as log_event
 from actions.engine.journal import public_error
 from actions.engine.policies import effective_policy, may_decide, separation_of_duties, why_not
 from actions.engine.recovery import sweep
@@ -58,6 +59,7 @@ __all__ = [
     "counted_approvals",
     "effective_policy",
     "execute_step",
+    "log_event",
     "may_decide",
     "pending_interrupts",
     "public_error",
