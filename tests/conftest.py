@@ -137,35 +137,34 @@ def other_team(db: Any) -> Team:
     return Team.objects.create(name="Payroll", slug="payroll")
 
 
-@pytest.fixture
-def reviewer(team: Team) -> User:
-    user = User.objects.create_user("reviewer1", password="pw-reviewer1")
+def member(team: Team, username: str) -> User:
+    """A user (password ``pw-<username>``) in ``team``."""
+    user = User.objects.create_user(username, password=f"pw-{username}")
     team.members.add(user)
     return user
+
+
+@pytest.fixture
+def reviewer(team: Team) -> User:
+    return member(team, "reviewer1")
 
 
 @pytest.fixture
 def requester(team: Team) -> User:
     """A member of the team who starts runs (and, where the policy separates duties, may not
     approve them)."""
-    user = User.objects.create_user("requester1", password="pw-requester1")
-    team.members.add(user)
-    return user
+    return member(team, "requester1")
 
 
 @pytest.fixture
 def second_reviewer(team: Team) -> User:
-    user = User.objects.create_user("reviewer2", password="pw-reviewer2")
-    team.members.add(user)
-    return user
+    return member(team, "reviewer2")
 
 
 @pytest.fixture
 def outsider(other_team: Team) -> User:
     """A reviewer of another team."""
-    user = User.objects.create_user("payroll1", password="pw-payroll1")
-    other_team.members.add(user)
-    return user
+    return member(other_team, "payroll1")
 
 
 @pytest.fixture
