@@ -76,7 +76,7 @@ def decide(
         # of N required approvers) must see each other's decision, or neither would resume the
         # run (PostgreSQL; SQLite's IMMEDIATE transactions already serialise writers).
         run = lock_run(interrupt.run_id)
-        current = Interrupt.objects.get(pk=interrupt.pk)
+        current = store.interrupt(interrupt.pk)
         if current.status != Interrupt.Status.PENDING:
             raise AlreadyDecided(current)
         if not policy and not may_decide(by, current):

@@ -8,14 +8,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from actions.core import ApprovalPolicy, registry
-from actions.models import Actor, ApiToken, Interrupt, Policy, Run, Team
+from actions.engine import store
+from actions.models import Actor, ApiToken, Interrupt, Run, Team
 
 
 def effective_policy(team_id: int, action_name: str) -> ApprovalPolicy:
     """The action's declared policy, unless the team overrides it (admin: Policies)."""
-    override = (
-        Policy.objects.filter(team_id=team_id, action=action_name).select_related("escalate_to").first()
-    )
+    override = store.policy_override(team_id, action_name)
     act = registry.find(action_name)
     declared = act.policy if act is not None else ApprovalPolicy()
     if override is None:

@@ -150,7 +150,7 @@ def start_run(
 def pending_interrupts(run_id: int) -> list[Interrupt]:
     """The run's pending interrupts, in order: what a program that drives runs itself (with
     inline steps, the way LangGraph's invoke returns the interrupt) answers next."""
-    return list(Interrupt.objects.filter(run_id=run_id, status=Interrupt.Status.PENDING).order_by("seq"))
+    return store.pending_interrupts(run_id)
 
 
 # Executing a step (what a worker does)
