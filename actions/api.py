@@ -402,10 +402,12 @@ def read_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
     return run_out(request, get_run(token_of(request), run_id), transcript=True)
 
 
-@api.post("/runs/{run_id}/cancel", response={200: RunOut, 404: Error, 409: Error}, tags=["runs"])
+@api.post("/runs/{run_id}/cancel", response={200: RunOut, 403: Error, 404: Error, 409: Error}, tags=["runs"])
 def cancel_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
-    """Cancel an unfinished run of the token's team: it ends `cancelled` and its pending
-    interrupts leave the inbox. 409 when it has finished already."""
+    """Cancel a queued or interrupted run of the token's team: it ends `cancelled` and its
+    pending interrupts leave the inbox. 409 when it has finished or is running a step (cancel
+    it once it pauses); 403 when it waits on an approval this token may not decide (assigned to
+    people, or needing several) and the token did not start it."""
     token = token_of(request)
     run = get_run(token, run_id)
     engine.cancel(run, token)

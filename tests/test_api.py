@@ -208,6 +208,10 @@ def test_a_run_is_cancelled_through_the_api_and_its_interrupt_leaves_the_inbox(
     run = api.post("/runs", {"action": "send_invoice", "input": {"invoice_id": "C-1", "amount": 2}}).json()
     assert run["status"] == "interrupted"
     assert other_api.post(f"/runs/{run['id']}/cancel", {}).status_code == 404, "another team's run"
+    Run.objects.filter(pk=run["id"]).update(status="running")  # as while a worker runs its step
+    running = api.post(f"/runs/{run['id']}/cancel", {})
+    assert running.status_code == 409 and "running a step" in running.json()["detail"]
+    Run.objects.filter(pk=run["id"]).update(status="interrupted")
 
     cancelled = api.post(f"/runs/{run['id']}/cancel", {})
     assert cancelled.status_code == 200

@@ -266,10 +266,14 @@ def test_a_member_cancels_a_run_from_its_page_after_confirming(
     assert f"Not cancelled: run {it.run_id} is already cancelled." in again.content.decode()
 
 
-def test_a_staff_auditor_may_cancel_but_a_get_changes_nothing(team: Team, auditor: User) -> None:
+def test_a_staff_auditor_sees_the_run_but_cannot_cancel_it_and_a_get_changes_nothing(
+    team: Team, auditor: User
+) -> None:
     it = start(team)
     client = logged_in(auditor)
+    page = client.get(f"/runs/{it.run_id}/").content.decode()
+    assert page.count("Run ") and 'name="confirm"' not in page
     assert client.get(f"/runs/{it.run_id}/cancel/").status_code == 405
+    refused = client.post(f"/runs/{it.run_id}/cancel/", {"confirm": "yes"}, follow=True)
+    assert "Not cancelled: Only members of Finance can cancel this run." in refused.content.decode()
     assert Run.objects.get(pk=it.run_id).status == "interrupted"
-    client.post(f"/runs/{it.run_id}/cancel/", {"confirm": "yes"})
-    assert Run.objects.get(pk=it.run_id).status == "cancelled"

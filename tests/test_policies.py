@@ -220,3 +220,33 @@ def test_the_embedded_periodic_loop_survives_a_dropped_database_connection(team:
     run_periodic_tick(sweep=True)
     interrupt.refresh_from_db()
     assert interrupt.status == "expired"
+
+
+def test_cancelling_is_a_decision_an_assigned_approval_is_not_ended_by_another_member(
+    team: Team, reviewer: User, second_reviewer: User, requester: User, token_key: str
+) -> None:
+    interrupt = start(team, "policy_assigned")
+    run = Run.objects.get(pk=interrupt.run_id)
+    with pytest.raises(engine.NotAllowed, match="Only reviewer2 may decide this"):
+        engine.cancel(run, reviewer)
+    token = ApiToken.authenticate(token_key)
+    assert token is not None
+    with pytest.raises(engine.NotAllowed, match="may not decide"):
+        engine.cancel(run, token)
+    assert Run.objects.get(pk=run.pk).status == "interrupted"
+    engine.cancel(run, second_reviewer)  # the assignee may
+    assert Run.objects.get(pk=run.pk).status == "cancelled"
+
+    # Whoever started a run may withdraw it, whatever it waits on.
+    mine = engine.start_run("policy_assigned", {"name": "mine"}, team, requester)
+    engine.cancel(mine, requester)
+    assert Run.objects.get(pk=mine.pk).status == "cancelled"
+
+
+def test_a_run_whose_step_is_running_is_not_cancelled_under_it(team: Team, reviewer: User) -> None:
+    """Its action would go on and its result be dropped while the run said "cancelled"."""
+    interrupt = start(team, "policy_auto")
+    Run.objects.filter(pk=interrupt.run_id).update(status="running")
+    with pytest.raises(engine.NotCancellable, match="running a step; cancel it once it pauses"):
+        engine.cancel(Run.objects.get(pk=interrupt.run_id), reviewer)
+    assert Interrupt.objects.get(pk=interrupt.pk).status == "pending"

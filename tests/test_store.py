@@ -95,6 +95,30 @@ def test_a_fetched_instance_is_an_ordinary_model_instance(run: Run) -> None:
     assert run.status == "running"
 
 
+def test_no_receiver_listens_for_the_init_that_fetched_instances_skip() -> None:
+    """store.fetch builds instances without __init__, so pre_init and post_init are not sent:
+    were a receiver (an ImageField, a GenericForeignKey, a package's signal) to listen on an
+    engine model, it would miss them, and this says so."""
+    from django.db.models.signals import post_init, pre_init
+
+    from actions.models import Policy
+
+    for model in (Run, Interrupt, RunEvent, Policy):
+        assert not pre_init.has_listeners(model) and not post_init.has_listeners(model), model
+
+
+def test_a_template_names_tables_and_columns_from_the_models() -> None:
+    from django.db import connection
+
+    quote = connection.ops.quote_name
+    statement = store.sql("UPDATE {Run} SET {Run.status} = %s WHERE {Run.team} = %s")
+    assert (
+        statement == f"UPDATE {quote('actions_run')} SET {quote('status')} = %s WHERE {quote('team_id')} = %s"
+    )
+    with pytest.raises(Exception, match="nonesuch"):
+        store.sql("SELECT {Run.nonesuch} FROM {Run}")
+
+
 def test_parameters_are_stored_as_the_fields_store_them(run: Run) -> None:
     lease = timezone.now() + timedelta(minutes=5)
     changed = store.execute(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from actions.engine.deadlines import apply_policies
 from actions.engine.decisions import (
+    CANCELLABLE,
     agreement_key,
     cancel,
     counted_approvals,
@@ -39,11 +40,18 @@ from actions.engine.errors import (
 )
 from actions.engine.journal import log as log_event
 from actions.engine.journal import public_error
-from actions.engine.policies import effective_policy, may_decide, separation_of_duties, why_not
+from actions.engine.policies import (
+    effective_policy,
+    may_decide,
+    separation_of_duties,
+    why_not,
+    why_not_cancel,
+)
 from actions.engine.recovery import sweep
 from actions.engine.steps import execute_step, pending_interrupts, record, start_run
 
 __all__ = [
+    "CANCELLABLE",
     "AlreadyDecided",
     "Busy",
     "EngineError",
@@ -71,4 +79,5 @@ __all__ = [
     "sweep",
     "validate_answer",
     "why_not",
+    "why_not_cancel",
 ]

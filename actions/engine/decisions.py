@@ -28,7 +28,7 @@ from actions.engine.errors import (
     retry_on_conflict,
 )
 from actions.engine.journal import atomic, log, push_run_status, push_team
-from actions.engine.policies import may_decide, separation_of_duties, why_not
+from actions.engine.policies import may_decide, separation_of_duties, why_not, why_not_cancel
 from actions.engine.steps import answers_of, hand_over, inline, lease_from
 from actions.models import Actor, Approval, Interrupt, Run, RunEvent, actor_name, actor_user
 
@@ -256,13 +256,23 @@ def finish_with_pending_cancelled(run: Run, status: str, *, error: str = "", by:
     )
 
 
+# A running step cannot be stopped from here: cancelling it would record "cancelled" while its
+# action goes on and its result is dropped. It is cancelled once it pauses (or ends).
+CANCELLABLE = (Status.QUEUED, Status.INTERRUPTED)
+
+
 @retry_on_conflict
 def cancel(run: Run, by: Actor) -> None:
-    """Cancel an unfinished run and its pending interrupts. Raises NotCancellable."""
+    """Cancel a queued or interrupted run and its pending interrupts. Raises NotCancellable
+    (finished, or a step is running) or NotAllowed (policies.why_not_cancel)."""
     with atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if locked.is_finished:
             raise NotCancellable(f"run {run.pk} is already {locked.status}")
+        if locked.status not in CANCELLABLE:
+            raise NotCancellable(f"run {run.pk} is running a step; cancel it once it pauses or ends")
+        if reason := why_not_cancel(by, locked):
+            raise NotAllowed(reason)
         finish_with_pending_cancelled(locked, Status.CANCELLED, by=by)
         log(locked, RunEvent.Kind.CANCELLED, by)
         push_run_status(locked, Status.CANCELLED)

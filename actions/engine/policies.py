@@ -99,3 +99,25 @@ def why_not(by: Actor, interrupt: Interrupt) -> str:
     if isinstance(by, ApiToken) and interrupt.approvals_required > 1:
         return f"This needs {interrupt.approvals_required} people to approve; an API token is not a person."
     return f"Only members of {interrupt.team} can decide this."
+
+
+def why_not_cancel(by: Actor, run: Run) -> str:
+    """Why ``by`` may not cancel ``run``, or "". Cancelling ends every approval the run waits
+    for, so it is a decision too: whoever started the run may withdraw it; anyone else must be
+    allowed to decide each interrupt it waits on (a run whose approval is assigned to the CFO is
+    not ended by another member of the team). Members of its team only, either way."""
+    if by is None:
+        return ""
+    if isinstance(by, ApiToken):
+        member, started = by.team_id == run.team_id, run.started_by_token_id == by.pk
+    else:
+        member = by.is_authenticated and Team.objects.filter(pk=run.team_id, members=by.pk).exists()
+        started = run.started_by_id is not None and run.started_by_id == by.pk
+    if not member:
+        return f"Only members of {run.team} can cancel this run."
+    if started:
+        return ""
+    for interrupt in Interrupt.objects.filter(run_id=run.pk, status=Interrupt.Status.PENDING):
+        if not may_decide(by, interrupt):
+            return f"Cancelling would end an approval you may not decide: {why_not(by, interrupt)}"
+    return ""

@@ -239,13 +239,18 @@ def _checked(run: Run, result: StepResult) -> tuple[StepResult, bool]:
     return result, not state_problem
 
 
-@retry_on_conflict
 def record(run: Run, result: StepResult) -> None:
     """Record how a step ended, with the driver's new state and the interrupts it paused on."""
-    now = timezone.now()
-    result, state_storable = _checked(run, result)
+    result, state_storable = _checked(run, result)  # once: an internal error is reported once
     # A driver's state that cannot be stored is not: the run keeps the one it had.
-    driver_state = result.driver_state if state_storable and result.driver_state is not None else store.KEEP
+    _record(
+        run, result, result.driver_state if state_storable and result.driver_state is not None else store.KEEP
+    )
+
+
+@retry_on_conflict
+def _record(run: Run, result: StepResult, driver_state: Any) -> None:
+    now = timezone.now()
     with atomic():
         finished = result.status in Run.FINISHED
         recorded = store.record_step(

@@ -118,7 +118,7 @@ def _loaded(model: type[M], attnames: list[str], values: list[Any]) -> M:
     instance's ``__dict__``, they load on first access, as with ``only()``.
 
     What ``__init__`` would do and this does not: send ``pre_init``/``post_init`` (no receiver
-    listens to the engine's models; tests/test_store.py checks that one would be told) and fill
+    listens on the engine's models: tests/test_store.py checks that none does) and fill
     defaults, which a row read from the database does not need."""
     instance = model.__new__(model)
     state = ModelState()

@@ -314,8 +314,7 @@ def run_detail(request: AuthenticatedRequest, pk: int) -> HttpResponse:
 
 
 def _may_cancel(user: User, run: Run) -> bool:
-    """Members of the run's team (and staff) may cancel it while it is unfinished."""
-    return not run.is_finished and (user.is_staff or run.team.members.filter(pk=user.pk).exists())
+    return run.status in engine.CANCELLABLE and not engine.why_not_cancel(user, run)
 
 
 @login_required
@@ -323,19 +322,15 @@ def _may_cancel(user: User, run: Run) -> bool:
 def cancel_run(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     """Cancel the run (a form with a confirmation box on the run's page)."""
     run = _get_run_for_user(request.user, pk)
-    if run.is_finished:
-        messages.error(request, f"Not cancelled: run {run.pk} is already {run.status}.")
-    elif not _may_cancel(request.user, run):
-        messages.error(request, f"Only members of {run.team} can cancel this run.")
-    elif not request.POST.get("confirm"):
+    if not request.POST.get("confirm"):
         messages.error(request, "Not cancelled: tick the box to confirm.")
+        return redirect(run)
+    try:
+        engine.cancel(run, request.user)
+    except (engine.NotCancellable, engine.NotAllowed, engine.Busy) as exc:
+        messages.error(request, f"Not cancelled: {str(exc).rstrip('.')}.")
     else:
-        try:
-            engine.cancel(run, request.user)
-        except (engine.NotCancellable, engine.Busy) as exc:
-            messages.error(request, f"Not cancelled: {exc}.")
-        else:
-            messages.success(request, f"Cancelled run {run.pk}; its pending approvals left the inbox.")
+        messages.success(request, f"Cancelled run {run.pk}; its pending approvals left the inbox.")
     return redirect(run)
 
 
