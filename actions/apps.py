@@ -11,9 +11,19 @@ class ActionsConfig(AppConfig):
     verbose_name = "Approvals"
 
     def ready(self) -> None:
-        # The drivers of the agent and sandbox consumers register themselves with the runner.
-        importlib.import_module("actions.drivers.agent")
-        importlib.import_module("actions.drivers.sandbox")
+        from actions import drivers
+        from actions.drivers.agent import AgentDriver
+        from actions.drivers.sandbox import SandboxDriver
+        from actions.engine import journal
+        from actions.models import Run
+        from actions.web import live
+
+        # Runs of these consumers are stepped by their driver; every other runs a plain action.
+        drivers.register(Run.Consumer.AGENT, AgentDriver())
+        drivers.register(Run.Consumer.SANDBOX, SandboxDriver())
+        # The engine announces what changed, once it is committed; open pages hear of it.
+        journal.team_changed.connect(live.on_team_changed, dispatch_uid="live-team")
+        journal.run_changed.connect(live.on_run_changed, dispatch_uid="live-run")
         # Importing a module registers the actions it defines with @action.
         for module in settings.GRUNDLAG_ACTION_MODULES:
             importlib.import_module(module)

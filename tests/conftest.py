@@ -7,7 +7,8 @@
   runs on a real server the session starts (tests/integration/services.py).
 
 A module opts in with ``pytest.mark.usefixtures("steps", "database")``; ``pytest --collect-only``
-lists each test once per variant, e.g. ``test_x[worker steps-postgresql]``.
+lists each test once per variant, e.g. ``test_x[worker-postgresql]``. Without PostgreSQL
+installed its variant is skipped, except under CI (CI=true), where it fails.
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ def _tasks_run_inline() -> None:
 # The variants
 
 
-@pytest.fixture(params=["worker steps", "inline steps"])
+@pytest.fixture(params=["worker", "inline"])
 def steps(request: pytest.FixtureRequest, settings: Any) -> str:
-    settings.GRUNDLAG_INLINE_STEPS = request.param == "inline steps"
+    settings.GRUNDLAG_INLINE_STEPS = request.param == "inline"
     return str(request.param)
 
 
 POSTGRESQL = "postgresql"  # the database alias of the PostgreSQL variant
+_postgresql: dict[str, Any] = {}  # the session's server, or why it could not start
 
 
 def _on_postgresql(item: pytest.Item) -> bool:
@@ -50,39 +52,28 @@ def _on_postgresql(item: pytest.Item) -> bool:
     return callspec is not None and callspec.params.get("database") == POSTGRESQL
 
 
-def _postgresql_installed() -> bool:
-    from tests.integration.services import postgres_installed
-
-    return postgres_installed()
+def _under_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The PostgreSQL variant's tests may use its database (pytest-django creates a test
-    database for every alias a collected test asks for)."""
-    available = _postgresql_installed()
-    for item in items:
-        if not _on_postgresql(item):
-            continue
-        if not available and not os.environ.get("CI"):
-            item.add_marker(pytest.mark.skip(reason="PostgreSQL is not installed (.ci/run installs it)"))
-            continue
-        marker = item.get_closest_marker("django_db")
-        kwargs = dict(marker.kwargs) if marker is not None else {}
-        kwargs["databases"] = [DEFAULT_DB_ALIAS, POSTGRESQL]
-        item.add_marker(pytest.mark.django_db(**kwargs))
+def _start_postgresql(config: pytest.Config) -> None:
+    """Start the session's PostgreSQL and add its alias to the settings, before pytest-django
+    creates the test databases; or note why it could not, for the variant's tests to say."""
+    from tests.integration.services import Postgres, postgres_installed
 
-
-@pytest.fixture(scope="session")
-def django_db_modify_db_settings(
-    django_db_modify_db_settings_parallel_suffix: None, request: pytest.FixtureRequest
-) -> None:
-    """Before the test databases are created: when the PostgreSQL variant is collected, start
-    the server and add its alias."""
-    if not any(
-        _on_postgresql(item) and not item.get_closest_marker("skip") for item in request.session.items
-    ):
+    if not postgres_installed():
+        _postgresql["problem"] = "PostgreSQL is not installed (.ci/run installs it)"
         return
-    server = request.getfixturevalue("postgres")
+    server = Postgres()
+    try:
+        server.init()
+        server.start()
+    except Exception as exc:  # noqa: BLE001 - said by every test of the variant
+        server.cleanup()
+        _postgresql["problem"] = f"PostgreSQL did not start: {exc}"
+        return
+    config.add_cleanup(server.cleanup)
+    _postgresql["server"] = server
     django_settings.DATABASES[POSTGRESQL] = {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": "grundlag",
@@ -94,11 +85,33 @@ def django_db_modify_db_settings(
     connections.settings[POSTGRESQL] = connections.configure_settings(django_settings.DATABASES)[POSTGRESQL]
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected what will not run
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The PostgreSQL variant's tests may use its database (pytest-django creates a test
+    database for every alias a collected test asks for). A server that cannot start fails
+    (under CI) or skips only those tests."""
+    variant = [item for item in items if _on_postgresql(item)]
+    if not variant or config.option.collectonly:
+        return
+    _start_postgresql(config)
+    if "server" not in _postgresql:
+        return  # the database fixture says why, for each of them
+    for item in variant:
+        marker = item.get_closest_marker("django_db")
+        kwargs = dict(marker.kwargs) if marker is not None else {}
+        kwargs["databases"] = [DEFAULT_DB_ALIAS, POSTGRESQL]
+        # First, so that it is the closest: a test's own django_db marker would be found before it.
+        item.add_marker(pytest.mark.django_db(*(marker.args if marker else ()), **kwargs), append=False)
+
+
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[Any]:
-    """A PostgreSQL server of the session's own, on a private port."""
+    """A PostgreSQL server on a private port: the session's, when the variant started one."""
     from tests.integration.services import Postgres
 
+    if "server" in _postgresql:
+        yield _postgresql["server"]
+        return
     server = Postgres()
     server.init()
     server.start()
@@ -107,13 +120,20 @@ def postgres() -> Iterator[Any]:
 
 
 @pytest.fixture(params=["sqlite", POSTGRESQL])
-def database(request: pytest.FixtureRequest, db: None) -> Iterator[str]:
+def database(request: pytest.FixtureRequest) -> Iterator[str]:
     """In the PostgreSQL variant, the default connection (the one the engine, the ORM and
-    Django's transactions use) is the PostgreSQL test database's, in this thread and in every
-    thread the test starts, until the test ends."""
+    Django's transactions use) is the PostgreSQL test database's until the test ends: this
+    thread's, and that of any thread that opens its first connection during the test (a thread
+    that had one already keeps it; the tests' threads are short-lived and close theirs)."""
     if request.param != POSTGRESQL:
         yield str(request.param)
         return
+    if "server" not in _postgresql:
+        problem = _postgresql.get("problem", "PostgreSQL was not started")
+        if _under_ci():
+            pytest.fail(problem)
+        pytest.skip(problem)
+    request.getfixturevalue("db")  # the test databases exist, and this test's transaction began
     default, default_settings = connections[DEFAULT_DB_ALIAS], connections.settings[DEFAULT_DB_ALIAS]
     connections[DEFAULT_DB_ALIAS] = connections[POSTGRESQL]
     connections.settings[DEFAULT_DB_ALIAS] = connections.settings[POSTGRESQL]

@@ -230,7 +230,7 @@ def test_a_claim_is_taken_once_so_a_duplicate_delivery_runs_nothing(team: Team, 
     assert run.interrupts.count() == 1 and kinds(run).count("claimed") == 1
 
 
-@pytest.mark.parametrize("steps", ["inline steps"], indirect=True)
+@pytest.mark.parametrize("steps", ["inline"], indirect=True)
 def test_inline_steps_run_in_the_callers_process_and_claim_as_they_queue(
     team: Team, reviewer: User, no_worker: None, commits: list[int]
 ) -> None:
@@ -256,7 +256,7 @@ def test_inline_steps_run_in_the_callers_process_and_claim_as_they_queue(
     assert sum(sql.startswith(f"INSERT INTO {events}") for sql in statements) == 4
 
 
-@pytest.mark.parametrize("steps", ["inline steps"], indirect=True)
+@pytest.mark.parametrize("steps", ["inline"], indirect=True)
 def test_an_inline_step_that_dies_before_recording_is_handed_on_when_its_lease_runs_out(
     team: Team, reviewer: User, monkeypatch: pytest.MonkeyPatch, caplog: Any
 ) -> None:

@@ -436,7 +436,7 @@ def test_cancelling_a_run_tells_the_inbox_of_the_team_it_escalated_to(
 def test_escalations_racing_decisions_all_land_once_without_a_deadlock(
     team: Team, other_team: Team, reviewer: User, caplog: Any
 ) -> None:
-    """On PostgreSQL (tests/integration/test_postgresql.py runs this module there) a decision
+    """On PostgreSQL (the database fixture's postgresql variant of this test) a decision
     locks the run and then updates the interrupt; an escalation that updated the interrupt and
     then touched the run (its event's foreign key) deadlocked with it. Both take the run first."""
     Policy.objects.create(team=team, action="send_invoice", escalate_after_minutes=1, escalate_to=other_team)

@@ -32,22 +32,36 @@ def _sources(*, outside: str) -> list[Path]:
     ]
 
 
+def _assigns_a_status(node: ast.AST) -> bool:
+    """`x.status = ...`, also among several targets (`x.status, y = ...`)."""
+    if not isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+        return False
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    flat = [t for target in targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+    return any(isinstance(t, ast.Attribute) and t.attr in STATUS_FIELDS for t in flat)
+
+
+def _writes_a_status(node: ast.AST) -> bool:
+    """`setattr(x, "status", ...)`, or `update()`/`create()` and the like given a status."""
+    if not isinstance(node, ast.Call):
+        return False
+    if isinstance(node.func, ast.Name) and node.func.id == "setattr" and len(node.args) > 1:
+        name = node.args[1]
+        return isinstance(name, ast.Constant) and name.value in STATUS_FIELDS
+    return (
+        isinstance(node.func, ast.Attribute)
+        and node.func.attr in WRITES
+        and any(keyword.arg in STATUS_FIELDS for keyword in node.keywords)
+    )
+
+
 def _status_writes(tree: ast.AST) -> list[int]:
-    """Lines that write a status: `x.status = ...`, or an update()/create() given one."""
-    lines = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Attribute) and t.attr in STATUS_FIELDS for t in targets):
-                lines.append(node.lineno)
-        elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr in WRITES
-            and any(keyword.arg in STATUS_FIELDS for keyword in node.keywords)
-        ):
-            lines.append(node.lineno)
-    return sorted(lines)
+    """The lines that write a run's or an interrupt's status (or its end, decider or lease)."""
+    return sorted(
+        node.lineno  # type: ignore[attr-defined]
+        for node in ast.walk(tree)
+        if _assigns_a_status(node) or _writes_a_status(node)
+    )
 
 
 def test_nothing_outside_the_engine_writes_a_runs_or_an_interrupts_status() -> None:
@@ -62,9 +76,10 @@ def test_nothing_outside_the_engine_writes_a_runs_or_an_interrupts_status() -> N
 def test_the_checks_see_a_status_or_a_statement_written_outside_the_engine() -> None:
     assert all(re.search(pattern, (ACTIONS / "engine" / "store.py").read_text()) for pattern in SQL[:3])
     written = ast.parse(
-        "Run.objects.filter(pk=1).update(status='failed')\nit.status = 'approved'\nok = it.status"
+        "Run.objects.filter(pk=1).update(status='failed')\nit.status = 'approved'\nok = it.status\n"
+        "it.status, n = 'x', 1\nsetattr(it, 'status', 'x')"
     )
-    assert _status_writes(written) == [1, 2]
+    assert _status_writes(written) == [1, 2, 4, 5]
 
 
 @pytest.mark.parametrize("statement", SQL)

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from django.conf import settings
 
-from actions import drivers, engine
+from actions import engine
 from actions.core import (
     Completed,
     Failed,
@@ -288,6 +288,3 @@ def _run_calls(
         else:
             results[call_id] = _result_text(run_id, outcome)
     return pauses
-
-
-drivers.register(Run.Consumer.AGENT, AgentDriver())

@@ -4,7 +4,11 @@ The engine runs a step by calling ``driver.step(run, answers)``: ``answers`` hol
 decisions of the run's pauses, by the call each was given for, the same way for every driver;
 the driver asks it for the call it is about to make. The step returns a ``StepResult``: how it
 ended, and the driver's new state (an agent's conversation, a script's call log), which the
-engine stores with the result in one change. A driver changes no row itself.
+engine stores with the result in one change. A driver changes no run or interrupt itself.
+The one row it may write is the ``error`` event of an unexpected exception inside one of its
+calls (an agent's tool, a script's call: ``engine.public_error``), written at once so that the
+id a caller is shown can be looked up even if the step's result is then lost; an unexpected
+error of the step as a whole is returned (``StepResult.internal``) for the engine to report.
 """
 
 from __future__ import annotations

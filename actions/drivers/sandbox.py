@@ -31,7 +31,7 @@ from typing import Any
 from django.conf import settings
 from pydantic import BaseModel
 
-from actions import drivers, engine
+from actions import engine
 from actions.core import (
     MAX_NESTING,
     Action,
@@ -503,9 +503,6 @@ class SandboxDriver(Driver):
         return StepResult(
             Run.Status.COMPLETED, output=output, driver_state={**state, "call_log": call_log, "paused": None}
         )
-
-
-drivers.register(Run.Consumer.SANDBOX, SandboxDriver())
 
 
 def script_action(

@@ -21,7 +21,7 @@ from actions.engine.errors import AlreadyDecided, Busy, InvalidInput, PayloadToo
 from actions.engine.journal import atomic, log, push_team
 from actions.models import Interrupt, Run, RunEvent, Team
 
-logger = logging.getLogger("actions.engine")
+logger = logging.getLogger(__name__)
 
 DEADLINE_POLICY = "deadline policy"
 

@@ -54,7 +54,7 @@ def lock_run(run_id: int) -> Run:
     the database's write lock already, so nothing is read until a field is used."""
     if not connection.features.has_select_for_update:
         return Run.from_db(DEFAULT_DB_ALIAS, ["id"], [run_id])
-    return Run.objects.select_for_update().only("id", "team_id", "consumer", "status").get(pk=run_id)
+    return store.lock_run(run_id)
 
 
 @retry_on_conflict
@@ -270,7 +270,7 @@ def cancel(run: Run, by: Actor) -> None:
         if locked.is_finished:
             raise NotCancellable(f"run {run.pk} is already {locked.status}")
         if locked.status not in CANCELLABLE:
-            raise NotCancellable(f"run {run.pk} is running a step; cancel it once it pauses or ends")
+            raise NotCancellable(f"run {run.pk} is running a step; cancel it once it pauses")
         if reason := why_not_cancel(by, locked):
             raise NotAllowed(reason)
         finish_with_pending_cancelled(locked, Status.CANCELLED, by=by)

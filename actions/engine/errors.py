@@ -21,7 +21,7 @@ from django.utils import timezone
 from actions.core import MAX_NESTING, value_problem
 from actions.models import Interrupt
 
-logger = logging.getLogger("actions.engine")
+logger = logging.getLogger(__name__)
 
 
 class EngineError(Exception):

@@ -1,8 +1,9 @@
 """The transaction journal: what an engine change writes besides the rows it changes.
 
 An engine change runs in ``atomic()``. Its audit events are collected as it goes and written
-in one INSERT as it ends, in the same transaction; the pushes to browsers it asks for are sent
-after it commits (a rolled-back change tells no one anything).
+in one INSERT as it ends, in the same transaction. What changed is announced after it commits
+(a rolled-back change tells no one anything), as the signals ``team_changed`` and
+``run_changed``: the web layer (actions.web.live) pushes them to open pages.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from contextvars import ContextVar
 from typing import Any
 
 from django.db import transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
 from actions.core import Failed
 from actions.engine import store
 from actions.models import Actor, Interrupt, Run, RunEvent, actor_name, actor_user
-from actions.web import live
 
-logger = logging.getLogger("actions.engine")
+logger = logging.getLogger(__name__)
 
 # The events of the transaction open in atomic(), written together before it commits.
 _journal: ContextVar[list[list[Any]] | None] = ContextVar("grundlag_journal", default=None)
@@ -68,16 +69,23 @@ def log(
         store.insert_events([event])
 
 
+# Sent after commit. team_changed: team_id, event ("interrupt", "decided", "approval") and
+# payload (run_id, interrupt_id, status...). run_changed: team_id, run_id, status, finished.
+team_changed = Signal()
+run_changed = Signal()
+
+
 def push_team(team_id: int, event: str, **payload: Any) -> None:
-    """Tell the team's open pages of a change, once this transaction commits."""
-    transaction.on_commit(lambda: live.notify_team(team_id, event, **payload))
+    """Announce a change of the team's inbox, once this transaction commits."""
+    transaction.on_commit(lambda: team_changed.send(Run, team_id=team_id, event=event, payload=payload))
 
 
 def push_run_status(run: Run, status: str) -> None:
-    """Tell the pages showing the run (and, when it finished, its team's) of its new status,
-    once this transaction commits."""
+    """Announce the run's new status, once this transaction commits."""
     finished = status in Run.FINISHED
-    transaction.on_commit(lambda: live.notify_run(run.team_id, run.pk, status, finished=finished))
+    transaction.on_commit(
+        lambda: run_changed.send(Run, team_id=run.team_id, run_id=run.pk, status=status, finished=finished)
+    )
 
 
 def public_error(run_id: int | None, outcome: Failed) -> str:

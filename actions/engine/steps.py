@@ -37,7 +37,7 @@ from actions.engine.journal import atomic, log, push_run_status, push_team, repo
 from actions.engine.policies import policy_fields
 from actions.models import Actor, ApiToken, Interrupt, Run, RunEvent, Team, actor_name, actor_user
 
-logger = logging.getLogger("actions.engine")
+logger = logging.getLogger(__name__)
 
 Status = Run.Status
 
@@ -191,7 +191,7 @@ def execute_step(run_id: int) -> None:
 def _execute_claimed(run: Run, answers: Answers | None = None) -> None:
     """Run the step of a run this process holds the lease of, and record how it ended."""
     try:
-        result = driver_for(run.consumer).step(run, answers or answers_of(run.pk))
+        result = driver_for(run.consumer).step(run, answers_of(run.pk) if answers is None else answers)
     except Exception as exc:
         logger.exception("step of run %s crashed in the engine", run.pk)
         result = StepResult(Status.FAILED, error=f"{type(exc).__name__}: {exc}", internal=True)
@@ -209,16 +209,22 @@ def _result_problem(result: StepResult) -> str:
     return ""
 
 
-def _checked(run: Run, result: StepResult) -> tuple[StepResult, bool]:
-    """The result as it can be stored, and whether the driver's state can be. What is stored is
-    shown on pages, in exports and in the admin: a value too deep (or not JSON) is refused here,
-    for every driver, and the run fails saying which. Text from an action or a script (an
-    error, a pause's message) is whatever it raised: bounded, and escaped where a database
-    could not store it."""
+def _checked(run: Run, result: StepResult) -> StepResult:
+    """The result as it can be stored. What is stored is shown on pages, in exports and in the
+    admin: a value too deep (or not JSON) is refused here, for every driver, and the run fails
+    saying which. Text from an action or a script (an error, a pause's message) is whatever it
+    raised: bounded, and escaped where a database could not store it. A driver's state that
+    cannot be stored is not (the run keeps the one it had); otherwise it is kept even when the
+    step fails here, so the transcript shows what led to the failure."""
     if result.status == Status.INTERRUPTED and not result.pauses:
         # Nothing to answer would leave the run waiting forever: a driver's defect, said so.
         logger.error("run %s: a step reported interrupted with no pause", run.pk)
-        result = StepResult(Status.FAILED, error="the step paused without saying on what (an engine defect)")
+        result = dataclasses.replace(
+            result,
+            status=Status.FAILED,
+            error="the step paused without saying on what (an engine defect)",
+            internal=False,
+        )
     error = report_internal_error(run.pk, result.error) if result.internal else result.error
     result = dataclasses.replace(
         result,
@@ -232,24 +238,24 @@ def _checked(run: Run, result: StepResult) -> tuple[StepResult, bool]:
     state_problem = ""
     if result.driver_state is not None:
         state_problem = storing_problem("the driver's state", result.driver_state, DRIVER_STATE_LIMIT_FACTOR)
-    problem = state_problem or _result_problem(result)
-    if problem:
+    if problem := state_problem or _result_problem(result):
         logger.warning("run %s: %s", run.pk, problem)
-        result = StepResult(Status.FAILED, error=f"the step's result cannot be stored: {problem}")
-    return result, not state_problem
+        result = StepResult(
+            Status.FAILED,
+            error=f"the step's result cannot be stored: {problem}",
+            driver_state=None if state_problem else result.driver_state,
+        )
+    return result
 
 
 def record(run: Run, result: StepResult) -> None:
     """Record how a step ended, with the driver's new state and the interrupts it paused on."""
-    result, state_storable = _checked(run, result)  # once: an internal error is reported once
-    # A driver's state that cannot be stored is not: the run keeps the one it had.
-    _record(
-        run, result, result.driver_state if state_storable and result.driver_state is not None else store.KEEP
-    )
+    result = _checked(run, result)  # once, outside the retries: an internal error is reported once
+    _record(run, result, store.KEEP if result.driver_state is None else result.driver_state)
 
 
 @retry_on_conflict
-def _record(run: Run, result: StepResult, driver_state: Any) -> None:
+def _record(run: Run, result: StepResult, driver_state: dict[str, Any] | store.Keep) -> None:
     now = timezone.now()
     with atomic():
         finished = result.status in Run.FINISHED

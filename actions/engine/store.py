@@ -18,6 +18,7 @@ reads this file.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
@@ -300,8 +301,13 @@ def claim_queued(run_id: int, now: datetime, lease_expires_at: datetime) -> Run 
     return claimed[0] if claimed else None
 
 
-# record_step's driver_state: the run keeps the one it has.
-KEEP = object()
+class Keep(enum.Enum):
+    """record_step's driver_state when the run keeps the one it has."""
+
+    KEEP = "keep"
+
+
+KEEP = Keep.KEEP
 
 
 def record_step(
@@ -309,7 +315,7 @@ def record_step(
     now: datetime,
     *,
     status: str,
-    driver_state: Any,
+    driver_state: dict[str, Any] | Keep,
     output: Any,
     error: str,
     finished_at: datetime | None,
@@ -340,6 +346,20 @@ def record_step(
             ],
         )
     )
+
+
+def lock_run(run_id: int) -> Run:
+    """The run (what a decision needs of it), locked until the transaction ends: the first lock
+    of every change (the run, then its interrupts), so two changes of one run queue."""
+    (run,) = fetch(
+        Run,
+        sql(
+            "SELECT {Run.id}, {Run.team}, {Run.consumer}, {Run.status} FROM {Run}"
+            " WHERE {Run.id} = %s FOR UPDATE"
+        ),
+        [run_id],
+    )
+    return run
 
 
 def next_seq(run_id: int) -> tuple[str, str, list[Any]]:

@@ -61,6 +61,18 @@ def notify_run(team_id: int, run_id: int, status: str, *, finished: bool) -> Non
     _send_to(groups, "run", {"run_id": run_id, "status": status})
 
 
+def on_team_changed(sender: Any, *, team_id: int, event: str, payload: dict[str, Any], **kwargs: Any) -> None:
+    """The engine's team_changed signal (actions.engine.journal)."""
+    notify_team(team_id, event, **payload)
+
+
+def on_run_changed(
+    sender: Any, *, team_id: int, run_id: int, status: str, finished: bool, **kwargs: Any
+) -> None:
+    """The engine's run_changed signal (actions.engine.journal)."""
+    notify_run(team_id, run_id, status, finished=finished)
+
+
 def _send_to(groups: list[str], event: str, payload: dict[str, Any]) -> None:
     # "at" (epoch seconds, when the change was committed and pushed) lets a client judge how
     # fresh a frame is; the push-latency benchmark measures from it.

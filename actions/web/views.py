@@ -192,9 +192,9 @@ def _decide(
         return _render_decision(request, interrupt, status=422, **form_context)
     except engine.PayloadTooLarge as exc:
         # A reason too long is the reason field's error; an answer too large, the whole form's.
-        reject = isinstance(form, RejectForm)
-        form.add_error("reason" if reject else None, str(exc))
-        return _render_decision(request, interrupt, status=422 if reject else 413, **form_context)
+        rejecting = isinstance(form, RejectForm)
+        form.add_error("reason" if rejecting else None, str(exc))
+        return _render_decision(request, interrupt, status=422 if rejecting else 413, **form_context)
     except engine.AlreadyDecided as exc:
         return _render_decision(request, exc.interrupt, status=409, error=f"Not {verb}: {exc}.")
     except engine.NotAllowed as exc:
