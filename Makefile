@@ -67,3 +67,4 @@ bench: venv
 	$(BIN)/python -m bench.push_latency
 	$(BIN)/python -m bench.decision_throughput
 	$(BIN)/python -m bench.inbox_scale
+	$(BIN)/python -m bench.api_latency

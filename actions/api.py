@@ -7,6 +7,7 @@ they did not exist. ``state`` appears in no response.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from actions.core import UnknownAction, registry
 from actions.drivers.agent import ModelError, start_agent
 from actions.drivers.sandbox import SandboxUnavailable, start_script
 from actions.models import ApiToken, Interrupt, Run
+from actions.web import waiting
 from actions.web.middleware import UNAVAILABLE
 
 
@@ -334,15 +336,22 @@ def requested_wait(request: HttpRequest) -> float:
 async def settled_response(request: HttpRequest, run_id: int) -> Status[dict[str, Any]]:
     """Wait (asynchronously: no thread is held) for the run to settle, then describe it.
 
-    Callers wait on the database row, the truth, not on a task result or a push."""
+    Callers wait on the database row, the truth, not on a task result or a push: the engine's
+    signal that the run changed (actions.web.waiting) only says when to read it again."""
     deadline = time.monotonic() + requested_wait(request)
     delay = 0.01
-    while True:
-        status = await Run.objects.filter(pk=run_id).values_list("status", flat=True).aget()
-        if status in Run.SETTLED or time.monotonic() >= deadline:
-            break
-        await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
-        delay = min(delay * 2, 0.1)
+    with waiting.changes_of(run_id) as changed:
+        while True:
+            changed.clear()  # before reading: a change after the read sets it again
+            status = await Run.objects.filter(pk=run_id).values_list("status", flat=True).aget()
+            remaining = deadline - time.monotonic()
+            if status in Run.SETTLED or remaining <= 0:
+                break
+            # A change in another process (a worker of the scaled setup) is found by reading
+            # again: soon at first, then every 100 ms.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout=min(delay, remaining))
+            delay = min(delay * 2, 0.1)
 
     def describe() -> Status[dict[str, Any]]:
         run = Run.objects.get(pk=run_id)

@@ -16,7 +16,7 @@ class ActionsConfig(AppConfig):
         from actions.drivers.sandbox import SandboxDriver
         from actions.engine import journal
         from actions.models import Run
-        from actions.web import live
+        from actions.web import live, waiting
 
         # Runs of these consumers are stepped by their driver; every other runs a plain action.
         drivers.register(Run.Consumer.AGENT, AgentDriver())
@@ -24,6 +24,8 @@ class ActionsConfig(AppConfig):
         # The engine announces what changed, once it is committed; open pages hear of it.
         journal.team_changed.connect(live.on_team_changed, dispatch_uid="live-team")
         journal.run_changed.connect(live.on_run_changed, dispatch_uid="live-run")
+        # An API request waiting for a run (Prefer: wait) reads it again as soon as it changed.
+        journal.run_changed.connect(waiting.on_run_changed, dispatch_uid="api-wait")
         # Importing a module registers the actions it defines with @action.
         for module in settings.GRUNDLAG_ACTION_MODULES:
             importlib.import_module(module)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
+from concurrent.futures import Executor
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import close_old_connections, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
@@ -51,11 +52,45 @@ def lease_from(now: datetime) -> datetime:
     return now + timedelta(seconds=settings.GRUNDLAG_STEP_LEASE_SECONDS)
 
 
+# The embedded setup (`manage.py serve` with no broker) is its own worker: a step goes to one
+# of this process's threads as the transaction that queued it commits, with no broker to poll.
+# It runs the same task, and makes the same claim, as a Celery worker would.
+_pool: Executor | None = None
+
+
+def run_steps_in(pool: Executor | None) -> None:
+    """Run queued steps in ``pool``'s threads (None: hand them to Celery again)."""
+    global _pool
+    _pool = pool
+
+
+def _run_step_here(run_id: int) -> None:
+    from actions.tasks import run_step
+
+    close_old_connections()
+    try:
+        run_step(run_id)
+    except Exception:
+        logger.exception("step of run %s failed; the sweeper will retry it", run_id)
+    finally:
+        close_old_connections()
+
+
 def enqueue(run_id: int) -> None:
     """Once the transaction that queued the run commits, hand its next step to a worker (or,
     with inline steps, run it here; it is claimed like a worker would)."""
     if inline():
         _step_after_commit(run_id, lambda: execute_step(run_id))
+        return
+    if (pool := _pool) is not None:
+
+        def submit() -> None:
+            try:
+                pool.submit(_run_step_here, run_id)
+            except RuntimeError:  # shutting down: queued in the database, the next start runs it
+                logger.warning("run %s stays queued: the process is stopping", run_id)
+
+        transaction.on_commit(submit)
         return
 
     def send() -> None:

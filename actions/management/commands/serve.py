@@ -1,10 +1,12 @@
-"""Serve the app with daphne. With the embedded broker (no REDIS_URL) it also runs the
-Celery worker, in this process, so one command is the whole installation."""
+"""Serve the app with daphne. With the embedded broker (no REDIS_URL) this process is also the
+worker: steps run in a pool of its threads the moment they are queued, and a thread does what
+Celery beat does in the scaled setup, so one command is the whole installation."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from django.conf import settings
@@ -12,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections
 
 from actions import engine
+from actions.engine import steps
 
 logger = logging.getLogger("actions")
 
@@ -34,9 +37,10 @@ class Command(BaseCommand):
         from grundlag_site.asgi import application
 
         stop = threading.Event()
-        worker = None
+        pool = None
         if settings.CELERY_BROKER_URL.startswith("memory://"):
-            worker = start_embedded_worker()
+            pool = ThreadPoolExecutor(settings.CELERY_WORKER_CONCURRENCY, thread_name_prefix="grundlag-step")
+            steps.run_steps_in(pool)
             # This process is the only worker, so a step left running was left by a process
             # that died: re-queue it now instead of waiting for its lease to run out.
             recovered = engine.sweep(all_unfinished=True)
@@ -55,27 +59,10 @@ class Command(BaseCommand):
             ).run()
         finally:
             stop.set()
-            if worker is not None:
-                worker.stop(in_sighandler=False)
-
-
-def start_embedded_worker() -> Any:
-    from grundlag_site.celery import app
-
-    app.conf.worker_hijack_root_logger = False
-    worker = app.Worker(
-        pool="threads",
-        concurrency=settings.CELERY_WORKER_CONCURRENCY,
-        hostname="embedded@%h",
-        without_heartbeat=True,
-        without_mingle=True,
-        without_gossip=True,
-        redirect_stdouts=False,
-        loglevel="WARNING",
-        quiet=True,
-    )
-    threading.Thread(target=worker.start, name="celery-worker", daemon=True).start()
-    return worker
+            if pool is not None:
+                # Steps still queued stay queued in the database: the next start runs them.
+                steps.run_steps_in(None)
+                pool.shutdown(wait=True, cancel_futures=True)
 
 
 def sweep_periodically(stop: threading.Event) -> None:

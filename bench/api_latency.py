@@ -1,0 +1,149 @@
+"""API step latency, as an API caller sees it: `POST /api/runs` of an action that pauses, with
+`Prefer: wait`, until the response says `interrupted`; then `POST .../resume` until it says
+`completed`. p50/p99 over sequential cycles, on the embedded setup (`manage.py serve`: SQLite,
+the worker in the same process) and the scaled one (PostgreSQL, Redis, one daphne, one Celery
+worker process), beside LangGraph's in-process `invoke` of the same action (pause, then resume
+with `Command`), checkpointed to SQLite, in this process.
+
+    python -m bench.api_latency [--cycles 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, TypedDict
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import PRODUCTION_ENV  # noqa: E402
+from tests.integration.processes import Server, Site, base_env  # noqa: E402
+from tests.integration.services import Postgres, Redis  # noqa: E402
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def line(name: str, what: str, samples: list[float]) -> str:
+    return (
+        f"  {name:<22} {what:<24} p50 {statistics.median(samples):7.1f} ms   "
+        f"p99 {percentile(samples, 0.99):7.1f} ms   ({len(samples)} cycles)"
+    )
+
+
+def api_cycles(server: Server, token: str, cycles: int) -> tuple[list[float], list[float]]:
+    started_ms, resumed_ms = [], []
+    with server.client(token) as client:
+        client.headers["Prefer"] = "wait=30"
+        for n in range(cycles + 3):
+            begin = time.perf_counter()
+            run = client.post("/api/runs", json={"action": "bench_pause", "input": {"n": n}}).json()
+            paused = time.perf_counter()
+            assert run["status"] == "interrupted", run
+            done = client.post(run["interrupt"]["resume_url"], json={"data": {"ok": True}}).json()
+            resumed = time.perf_counter()
+            assert done["status"] == "completed", done
+            if n >= 3:  # the first cycles warm the server up
+                started_ms.append((paused - begin) * 1000)
+                resumed_ms.append((resumed - paused) * 1000)
+    return started_ms, resumed_ms
+
+
+def grundlag(name: str, cycles: int) -> list[str]:
+    with tempfile.TemporaryDirectory(prefix="grundlag-bench-") as tmp:
+        postgres = redis = None
+        if name == "scaled":
+            postgres, redis = Postgres(), Redis()
+            postgres.init()
+            postgres.start()
+            redis.start()
+            database_url = postgres.create_database("api_latency")
+        else:
+            database_url = f"sqlite:///{tmp}/api.sqlite3"
+        env = base_env(database_url, action_modules="actions.examples,bench.actions")
+        env.update(PRODUCTION_ENV)
+        if redis is not None:
+            env["REDIS_URL"] = redis.url
+        site = Site(env=env, log_dir=Path(tmp))
+        try:
+            site.manage("migrate", "--noinput", "-v0")
+            token = site.manage("seed_demo", "--no-runs").strip().splitlines()[-1].split(": ")[-1]
+            if redis is None:
+                server = site.serve()
+            else:
+                server = site.daphne()
+                site.worker("bench", concurrency=4)
+            started, resumed = api_cycles(server, token, cycles)
+            return [line(name, "start -> interrupted", started), line(name, "resume -> completed", resumed)]
+        except BaseException:
+            print(site.logs()[-6000:])
+            raise
+        finally:
+            site.stop_all()
+            if redis is not None:
+                redis.stop()
+            if postgres is not None:
+                postgres.cleanup()
+
+
+class State(TypedDict, total=False):
+    n: int
+    answer: dict[str, Any]
+
+
+def langgraph(cycles: int) -> list[str]:
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import Command, interrupt
+
+    def approve(state: State) -> State:
+        return {"answer": interrupt({"n": state["n"]})}
+
+    graph = StateGraph(State)
+    graph.add_node("approve", approve)
+    graph.add_edge(START, "approve")
+    graph.add_edge("approve", END)
+    started_ms, resumed_ms = [], []
+    with tempfile.TemporaryDirectory(prefix="langgraph-bench-") as tmp:
+        connection = sqlite3.connect(Path(tmp) / "lg.sqlite3", check_same_thread=False)
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("PRAGMA synchronous=NORMAL")
+        app = graph.compile(checkpointer=SqliteSaver(connection))
+        for n in range(cycles + 3):
+            config: Any = {"configurable": {"thread_id": f"t{n}"}}
+            begin = time.perf_counter()
+            assert "__interrupt__" in app.invoke({"n": n}, config)
+            paused = time.perf_counter()
+            assert app.invoke(Command(resume={"ok": True}), config)["answer"] == {"ok": True}
+            resumed = time.perf_counter()
+            if n >= 3:
+                started_ms.append((paused - begin) * 1000)
+                resumed_ms.append((resumed - paused) * 1000)
+        connection.close()
+    name = "langgraph in-process"
+    return [line(name, "invoke -> interrupt", started_ms), line(name, "resume -> done", resumed_ms)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cycles", type=int, default=50)
+    args = parser.parse_args()
+    print("API step latency, as the caller sees it (Prefer: wait), sequential cycles")
+    print("Goal: p50 < 15 ms and p99 < 50 ms, embedded and scaled")
+    for name in ("embedded", "scaled"):
+        for text in grundlag(name, args.cycles):
+            print(text, flush=True)
+    for text in langgraph(args.cycles):
+        print(text, flush=True)
+
+
+if __name__ == "__main__":
+    main()
