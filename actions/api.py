@@ -323,6 +323,12 @@ def get_interrupt(token: ApiToken, interrupt_id: int) -> Interrupt:
 
 # Waiting: `Prefer: wait=N` (RFC 7240) holds the response until the run settles.
 
+# How soon a waiting request reads the run again when no signal came (a change made in another
+# process): first after WAIT_FIRST_POLL_SECONDS, then twice as long each time, up to
+# WAIT_POLL_SECONDS.
+WAIT_FIRST_POLL_SECONDS = 0.01
+WAIT_POLL_SECONDS = 0.1
+
 _WAIT = re.compile(r"\bwait\s*=\s*(\d+)", re.IGNORECASE)
 
 
@@ -334,24 +340,27 @@ def requested_wait(request: HttpRequest) -> float:
 
 
 async def settled_response(request: HttpRequest, run_id: int) -> Status[dict[str, Any]]:
-    """Wait (asynchronously: no thread is held) for the run to settle, then describe it.
+    """Wait for the run to settle (asynchronously, on an event), then describe it.
 
     Callers wait on the database row, the truth, not on a task result or a push: the engine's
-    signal that the run changed (actions.web.waiting) only says when to read it again."""
-    deadline = time.monotonic() + requested_wait(request)
-    delay = 0.01
-    with waiting.changes_of(run_id) as changed:
-        while True:
-            changed.clear()  # before reading: a change after the read sets it again
-            status = await Run.objects.filter(pk=run_id).values_list("status", flat=True).aget()
-            remaining = deadline - time.monotonic()
-            if status in Run.SETTLED or remaining <= 0:
-                break
-            # A change in another process (a worker of the scaled setup) is found by reading
-            # again: soon at first, then every 100 ms.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), timeout=min(delay, remaining))
-            delay = min(delay * 2, 0.1)
+    signal that the run changed in this process (actions.web.waiting) says when to read it
+    again. A change made in another process (a worker of the scaled setup) is found by reading
+    it again anyway: soon at first, then every WAIT_POLL_SECONDS."""
+    wait = requested_wait(request)
+    if wait > 0:
+        deadline = time.monotonic() + wait
+        delay = WAIT_FIRST_POLL_SECONDS
+        with waiting.changes_of(run_id) as changed:
+            while True:
+                changed.clear()  # before reading: a change after the read sets it again
+                status = await Run.objects.filter(pk=run_id).values_list("status", flat=True).aget()
+                remaining = deadline - time.monotonic()
+                if status in Run.SETTLED or remaining <= 0:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(delay, remaining)):
+                        await changed.wait()
+                delay = min(delay * 2, WAIT_POLL_SECONDS)
 
     def describe() -> Status[dict[str, Any]]:
         run = Run.objects.get(pk=run_id)

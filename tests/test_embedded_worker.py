@@ -7,11 +7,12 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import transaction
 
 from actions import engine
 from actions.engine import journal, steps
@@ -27,13 +28,26 @@ def pool(settings: Any) -> Iterator[ThreadPoolExecutor]:
     """As `manage.py serve` without a broker: no Celery worker at all (a step sent to Celery
     would wait forever), a pool of step threads instead."""
     settings.GRUNDLAG_INLINE_STEPS = False
-    celery_app.conf.task_always_eager = False
+    eager, celery_app.conf.task_always_eager = celery_app.conf.task_always_eager, False
     executor = ThreadPoolExecutor(2, thread_name_prefix="grundlag-step")
     steps.run_steps_in(executor)
-    yield executor
-    steps.run_steps_in(None)
-    executor.shutdown(wait=True)
-    celery_app.conf.task_always_eager = True
+    try:
+        yield executor
+    finally:
+        steps.run_steps_in(None)
+        executor.shutdown(wait=True)
+        celery_app.conf.task_always_eager = eager
+
+
+class Recording(Executor):
+    """An executor that only notes what it was given."""
+
+    def __init__(self) -> None:
+        self.submitted: list[tuple[Any, ...]] = []
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        self.submitted.append(args)
+        return None
 
 
 def settled(run_id: int, timeout: float = 10) -> Run:
@@ -58,6 +72,34 @@ def test_a_queued_step_runs_in_the_pool_as_its_transaction_commits(
     assert kinds == ["started", "claimed", "interrupted", "approved", "resumed", "claimed", "completed"]
 
 
+def test_a_step_is_handed_to_the_pool_only_once_its_transaction_commits(
+    settings: Any, team: Team, reviewer: User
+) -> None:
+    settings.GRUNDLAG_INLINE_STEPS = False
+    recording = Recording()
+    steps.run_steps_in(recording)
+    try:
+        with transaction.atomic():
+            run = engine.start_run("send_invoice", {"invoice_id": "E-3", "amount": 2}, team, reviewer)
+            assert recording.submitted == [], "not before the commit: the step would not find the run"
+        assert recording.submitted == [(run.pk,)]
+        with pytest.raises(RuntimeError, match="rolled back"), transaction.atomic():
+            engine.start_run("send_invoice", {"invoice_id": "E-4", "amount": 2}, team, reviewer)
+            raise RuntimeError("rolled back")
+        assert len(recording.submitted) == 1, "a rolled-back run queues nothing"
+    finally:
+        steps.run_steps_in(None)
+
+
+def test_a_step_queued_while_the_server_stops_stays_queued_for_the_next_start(
+    pool: ThreadPoolExecutor, team: Team, reviewer: User
+) -> None:
+    pool.shutdown(wait=True)
+    run = engine.start_run("send_invoice", {"invoice_id": "E-5", "amount": 2}, team, reviewer)
+    assert Run.objects.get(pk=run.pk).status == "queued"
+    assert engine.sweep(all_unfinished=True) == 1  # what the next start does
+
+
 def test_without_a_pool_a_step_goes_to_celery(
     settings: Any, team: Team, reviewer: User, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -68,6 +110,38 @@ def test_without_a_pool_a_step_goes_to_celery(
     monkeypatch.setattr(tasks.run_step, "delay", sent.append)
     run = engine.start_run("send_invoice", {"invoice_id": "E-2", "amount": 2}, team, reviewer)
     assert sent == [run.pk] and Run.objects.get(pk=run.pk).status == "queued"
+
+
+async def test_a_waiting_api_request_answers_as_soon_as_the_run_changes_not_at_its_next_poll(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the fallback poll made slower than the test's patience, only the signal can make
+    the request answer in time."""
+    from asgiref.sync import sync_to_async
+    from django.test import RequestFactory
+
+    from actions import api
+
+    monkeypatch.setattr(api, "WAIT_FIRST_POLL_SECONDS", 60.0)
+    monkeypatch.setattr(api, "WAIT_POLL_SECONDS", 60.0)
+    run = await sync_to_async(Run.objects.create)(
+        action="send_invoice", input={"invoice_id": "W-1", "amount": 1}, team=team
+    )
+    request = RequestFactory().get("/", headers={"Prefer": "wait=20"})
+
+    def the_engine_records_the_step() -> None:
+        time.sleep(0.3)
+        Run.objects.filter(pk=run.pk).update(status="completed", output={"ok": True})
+        journal.run_changed.send(Run, team_id=team.pk, run_id=run.pk, status="completed", finished=True)
+
+    recorder = threading.Thread(target=the_engine_records_the_step)
+    began = time.monotonic()
+    recorder.start()
+    response = await api.settled_response(request, run.pk)
+    recorder.join()
+    assert response.status_code == 200 and response.value["status"] == "completed"
+    assert time.monotonic() - began < 5
+    assert run.pk not in waiting._waiters
 
 
 async def test_a_waiting_request_is_woken_by_the_engines_signal_from_another_thread() -> None:

@@ -77,14 +77,18 @@ run_changed = Signal()
 
 def push_team(team_id: int, event: str, **payload: Any) -> None:
     """Announce a change of the team's inbox, once this transaction commits."""
-    transaction.on_commit(lambda: team_changed.send(Run, team_id=team_id, event=event, payload=payload))
+    # robust: a push that fails must not keep the callbacks after it (a step's hand-over) from running.
+    transaction.on_commit(
+        lambda: team_changed.send(Run, team_id=team_id, event=event, payload=payload), robust=True
+    )
 
 
 def push_run_status(run: Run, status: str) -> None:
     """Announce the run's new status, once this transaction commits."""
     finished = status in Run.FINISHED
     transaction.on_commit(
-        lambda: run_changed.send(Run, team_id=run.team_id, run_id=run.pk, status=status, finished=finished)
+        lambda: run_changed.send(Run, team_id=run.team_id, run_id=run.pk, status=status, finished=finished),
+        robust=True,
     )
 
 

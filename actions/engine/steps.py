@@ -59,7 +59,8 @@ _pool: Executor | None = None
 
 
 def run_steps_in(pool: Executor | None) -> None:
-    """Run queued steps in ``pool``'s threads (None: hand them to Celery again)."""
+    """Run queued steps in ``pool``'s threads (None: hand them to Celery). Once the pool is shut
+    down, a step queued meanwhile stays queued in the database, for the next start to run."""
     global _pool
     _pool = pool
 
@@ -90,7 +91,7 @@ def enqueue(run_id: int) -> None:
             except RuntimeError:  # shutting down: queued in the database, the next start runs it
                 logger.warning("run %s stays queued: the process is stopping", run_id)
 
-        transaction.on_commit(submit)
+        transaction.on_commit(submit, robust=True)
         return
 
     def send() -> None:
@@ -102,7 +103,7 @@ def enqueue(run_id: int) -> None:
             # The run is committed as queued; the sweeper enqueues it again. Nothing is lost.
             logger.exception("could not enqueue run %s; the sweeper will retry", run_id)
 
-    transaction.on_commit(send)
+    transaction.on_commit(send, robust=True)
 
 
 def hand_over(run: Run, answers: Answers | None = None) -> None:

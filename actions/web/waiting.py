@@ -6,6 +6,7 @@ scaled setup) sends no signal here: the waiter's timeout is then the poll that f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +21,8 @@ def on_run_changed(sender: Any, *, run_id: int, **kwargs: Any) -> None:
     with _lock:
         waiters = list(_waiters.get(run_id, ()))
     for loop, event in waiters:
-        if not loop.is_closed():
+        # A closed loop (the server is stopping) has nobody waiting any more.
+        with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(event.set)
 
 

@@ -1,5 +1,5 @@
-"""`make run`'s arrangement, for real: `manage.py serve` is daphne with a Celery worker in a
-thread, on SQLite. Runs are answered over HTTP and survive the process."""
+"""`make run`'s arrangement, for real: `manage.py serve` is daphne with its own step threads, on
+SQLite. Runs are answered over HTTP and survive the process."""
 
 from __future__ import annotations
 

@@ -60,8 +60,8 @@ class Command(BaseCommand):
         finally:
             stop.set()
             if pool is not None:
-                # Steps still queued stay queued in the database: the next start runs them.
-                steps.run_steps_in(None)
+                # Running steps finish; steps not started, or queued from now on, stay queued in
+                # the database, and the next start runs them (sweep(all_unfinished=True)).
                 pool.shutdown(wait=True, cancel_futures=True)
 
 
