@@ -22,14 +22,9 @@ from typing import Any, TypedDict
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import PRODUCTION_ENV  # noqa: E402
-from tests.integration.processes import Server, Site, base_env  # noqa: E402
-from tests.integration.services import Postgres, Redis  # noqa: E402
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+from bench.common import percentile, served_site  # noqa: E402
+from tests.integration.processes import Server  # noqa: E402
+from tests.integration.services import Postgres  # noqa: E402
 
 
 def line(name: str, what: str, samples: list[float]) -> str:
@@ -59,39 +54,20 @@ def api_cycles(server: Server, token: str, cycles: int) -> tuple[list[float], li
 
 def grundlag(name: str, cycles: int) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="grundlag-bench-") as tmp:
-        postgres = redis = None
-        if name == "scaled":
-            postgres, redis = Postgres(), Redis()
-            postgres.init()
-            postgres.start()
-            redis.start()
-            database_url = postgres.create_database("api_latency")
-        else:
-            database_url = f"sqlite:///{tmp}/api.sqlite3"
-        env = base_env(database_url, action_modules="actions.examples,bench.actions")
-        env.update(PRODUCTION_ENV)
-        if redis is not None:
-            env["REDIS_URL"] = redis.url
-        site = Site(env=env, log_dir=Path(tmp))
+        postgres = Postgres() if name == "scaled" else None
         try:
-            site.manage("migrate", "--noinput", "-v0")
-            token = site.manage("seed_demo", "--no-runs").strip().splitlines()[-1].split(": ")[-1]
-            if redis is None:
-                server = site.serve()
+            if postgres is not None:
+                postgres.init()
+                postgres.start()
+                database_url = postgres.create_database("api_latency")
             else:
-                server = site.daphne()
-                site.worker("bench", concurrency=4)
-            started, resumed = api_cycles(server, token, cycles)
-            return [line(name, "start -> interrupted", started), line(name, "resume -> completed", resumed)]
-        except BaseException:
-            print(site.logs()[-6000:])
-            raise
+                database_url = f"sqlite:///{tmp}/api.sqlite3"
+            with served_site(Path(tmp), database_url, scaled=postgres is not None) as (_, server, token):
+                started, resumed = api_cycles(server, token, cycles)
         finally:
-            site.stop_all()
-            if redis is not None:
-                redis.stop()
             if postgres is not None:
                 postgres.cleanup()
+    return [line(name, "start -> interrupted", started), line(name, "resume -> completed", resumed)]
 
 
 class State(TypedDict, total=False):

@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,3 +33,44 @@ def migrated_env(database_url: str, **extra: str) -> dict[str, str]:
         [sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True
     )
     return env
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@contextmanager
+def served_site(
+    log_dir: Path, database_url: str, *, scaled: bool, **env: str
+) -> Iterator[tuple[Any, Any, str]]:
+    """The app on ``database_url``, migrated and seeded (the demo team and its API token), served
+    as deployed: embedded (``manage.py serve``), or scaled (Redis, one daphne, one Celery worker
+    process). Yields (site, server, token); prints the processes' logs if the benchmark fails,
+    and stops everything it started."""
+    from tests.integration.processes import Site, base_env
+    from tests.integration.services import Redis
+
+    site_env = base_env(database_url, action_modules="actions.examples,bench.actions")
+    site_env.update(PRODUCTION_ENV, **env)
+    redis = Redis() if scaled else None
+    if redis is not None:
+        redis.start()
+        site_env["REDIS_URL"] = redis.url
+    site = Site(env=site_env, log_dir=log_dir)
+    try:
+        site.manage("migrate", "--noinput", "-v0")
+        token = site.manage("seed_demo", "--no-runs").strip().splitlines()[-1].split(": ")[-1]
+        if redis is None:
+            server = site.serve()
+        else:
+            server = site.daphne()
+            site.worker("bench", concurrency=4)
+        yield site, server, token
+    except BaseException:
+        print(site.logs()[-6000:])
+        raise
+    finally:
+        site.stop_all()
+        if redis is not None:
+            redis.stop()

@@ -25,9 +25,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import PRODUCTION_ENV  # noqa: E402
-from tests.integration.processes import Server, Site, base_env  # noqa: E402
-from tests.integration.services import Redis  # noqa: E402
+from bench.common import percentile, served_site  # noqa: E402
+from tests.integration.processes import Server  # noqa: E402
 
 MAKE_SESSIONS = """
 import json
@@ -50,11 +49,6 @@ for user in users:
     keys.append(s.session_key)
 print(json.dumps(keys))
 """
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def measure(server: Server, token: str, sessions: list[str], rounds: int) -> tuple[list[float], float]:
@@ -107,25 +101,13 @@ async def measure(server: Server, token: str, sessions: list[str], rounds: int) 
 def run_setup(name: str, sizes: list[int], rounds: int) -> list[str]:
     lines = []
     with tempfile.TemporaryDirectory(prefix="grundlag-bench-") as tmp:
-        env = base_env(f"sqlite:///{tmp}/push.sqlite3", action_modules="actions.examples,bench.actions")
-        env.update(PRODUCTION_ENV, GRUNDLAG_SOCKET_RECHECK_SECONDS="3600")
-        site = Site(env=env, log_dir=Path(tmp))
-        redis = None
-        if name == "channels-redis":
-            redis = Redis()
-            redis.start()
-            env["REDIS_URL"] = redis.url
-        try:
-            site.manage("migrate", "--noinput", "-v0")
-            token = site.manage("seed_demo", "--no-runs").strip().splitlines()[-1].split(": ")[-1]
+        database_url = f"sqlite:///{tmp}/push.sqlite3"
+        scaled = name == "channels-redis"
+        recheck = {"GRUNDLAG_SOCKET_RECHECK_SECONDS": "3600"}
+        with served_site(Path(tmp), database_url, scaled=scaled, **recheck) as (site, server, token):
             all_sessions = json.loads(
                 site.manage("shell", "-c", MAKE_SESSIONS.format(count=max(sizes))).split("\n")[-2]
             )
-            if redis is None:
-                server = site.serve()
-            else:
-                server = site.daphne()
-                site.worker("bench", concurrency=4)
             for size in sizes:
                 samples, rss = asyncio.run(measure(server, token, all_sessions[:size], rounds))
                 lines.append(
@@ -134,13 +116,6 @@ def run_setup(name: str, sizes: list[int], rounds: int) -> list[str]:
                     f"web RSS {rss:6.1f} MB"
                 )
                 print(lines[-1], flush=True)
-        except BaseException:
-            print(site.logs()[-6000:])
-            raise
-        finally:
-            site.stop_all()
-            if redis is not None:
-                redis.stop()
     return lines
 
 
