@@ -8,12 +8,11 @@
 
 A module opts in with ``pytest.mark.usefixtures("steps", "database")``; ``pytest --collect-only``
 lists each test once per variant, e.g. ``test_x[worker-postgresql]``. Without PostgreSQL
-installed its variant is skipped, except under CI (CI=true), where it fails.
+installed its variant fails, saying so (`.ci/run` installs it).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -52,10 +51,6 @@ def _on_postgresql(item: pytest.Item) -> bool:
     return callspec is not None and callspec.params.get("database") == POSTGRESQL
 
 
-def _under_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
 def _start_postgresql(config: pytest.Config) -> None:
     """Start the session's PostgreSQL and add its alias to the settings, before pytest-django
     creates the test databases; or note why it could not, for the variant's tests to say."""
@@ -89,7 +84,7 @@ def _start_postgresql(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The PostgreSQL variant's tests may use its database (pytest-django creates a test
     database for every alias a collected test asks for). A server that cannot start fails
-    (under CI) or skips only those tests."""
+    only those tests."""
     variant = [item for item in items if _on_postgresql(item)]
     if not variant or config.option.collectonly:
         return
@@ -129,10 +124,8 @@ def database(request: pytest.FixtureRequest) -> Iterator[str]:
         yield str(request.param)
         return
     if "server" not in _postgresql:
-        problem = _postgresql.get("problem", "PostgreSQL was not started")
-        if _under_ci():
-            pytest.fail(problem)
-        pytest.skip(problem)
+        # Never skipped: `make test` needs PostgreSQL (README), as the integration tests do.
+        pytest.fail(_postgresql.get("problem", "PostgreSQL was not started"))
     request.getfixturevalue("db")  # the test databases exist, and this test's transaction began
     default, default_settings = connections[DEFAULT_DB_ALIAS], connections.settings[DEFAULT_DB_ALIAS]
     connections[DEFAULT_DB_ALIAS] = connections[POSTGRESQL]
