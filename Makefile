@@ -68,3 +68,5 @@ bench: venv
 	$(BIN)/python -m bench.decision_throughput
 	$(BIN)/python -m bench.inbox_scale
 	$(BIN)/python -m bench.api_latency
+	$(BIN)/python -m bench.row_visible
+	$(BIN)/python -m bench.recovery

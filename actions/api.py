@@ -323,11 +323,10 @@ def get_interrupt(token: ApiToken, interrupt_id: int) -> Interrupt:
 
 # Waiting: `Prefer: wait=N` (RFC 7240) holds the response until the run settles.
 
-# How soon a waiting request reads the run again when no signal came (a change made in another
-# process): first after WAIT_FIRST_POLL_SECONDS, then twice as long each time, up to
-# WAIT_POLL_SECONDS.
-WAIT_FIRST_POLL_SECONDS = 0.01
-WAIT_POLL_SECONDS = 0.1
+# How soon a waiting request reads the run again when no signal came (both the in-process
+# signal and the channel layer's push were lost): first after a quarter of
+# settings.GRUNDLAG_WAIT_POLL_SECONDS, then twice as long each time, up to all of it. A
+# fallback, not the way a waiter wakes.
 
 _WAIT = re.compile(r"\bwait\s*=\s*(\d+)", re.IGNORECASE)
 
@@ -342,15 +341,16 @@ def requested_wait(request: HttpRequest) -> float:
 async def settled_response(request: HttpRequest, run_id: int) -> Status[dict[str, Any]]:
     """Wait for the run to settle (asynchronously, on an event), then describe it.
 
-    Callers wait on the database row, the truth, not on a task result or a push: the engine's
-    signal that the run changed in this process (actions.web.waiting) says when to read it
-    again. A change made in another process (a worker of the scaled setup) is found by reading
-    it again anyway: soon at first, then every WAIT_POLL_SECONDS."""
+    Callers wait on the database row, the truth, not on a task result or a push: a signal that
+    the run changed (actions.web.waiting: the engine's, in this process; the channel layer's,
+    from another) says when to read it again. Were both lost, it is read again anyway, every
+    WAIT_POLL_SECONDS at most."""
     wait = requested_wait(request)
     if wait > 0:
         deadline = time.monotonic() + wait
-        delay = WAIT_FIRST_POLL_SECONDS
-        with waiting.changes_of(run_id) as changed:
+        longest = settings.GRUNDLAG_WAIT_POLL_SECONDS
+        delay = longest / 4
+        async with waiting.changes_of(run_id) as changed:
             while True:
                 changed.clear()  # before reading: a change after the read sets it again
                 status = await Run.objects.filter(pk=run_id).values_list("status", flat=True).aget()
@@ -360,7 +360,7 @@ async def settled_response(request: HttpRequest, run_id: int) -> Status[dict[str
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(min(delay, remaining)):
                         await changed.wait()
-                delay = min(delay * 2, WAIT_POLL_SECONDS)
+                delay = min(delay * 2, longest)
 
     def describe() -> Status[dict[str, Any]]:
         run = Run.objects.get(pk=run_id)

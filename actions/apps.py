@@ -11,7 +11,7 @@ class ActionsConfig(AppConfig):
     verbose_name = "Approvals"
 
     def ready(self) -> None:
-        from actions import drivers
+        from actions import drivers, metrics
         from actions.drivers.agent import AgentDriver
         from actions.drivers.sandbox import SandboxDriver
         from actions.engine import journal
@@ -26,6 +26,8 @@ class ActionsConfig(AppConfig):
         journal.run_changed.connect(live.on_run_changed, dispatch_uid="live-run")
         # An API request waiting for a run (Prefer: wait) reads it again as soon as it changed.
         journal.run_changed.connect(waiting.on_run_changed, dispatch_uid="api-wait")
+        # Production's figures (actions.metrics): the engine's signals, the database's counts.
+        metrics.register()
         # Importing a module registers the actions it defines with @action.
         for module in settings.GRUNDLAG_ACTION_MODULES:
             importlib.import_module(module)

@@ -51,6 +51,18 @@ class Team(models.Model):
         return self.name
 
 
+class InboxStream(models.Model):
+    """The sequence number of a team's inbox stream: one more for every change of the team's
+    pending interrupts, counted in the transaction that makes the change. Pages follow it to
+    know they missed nothing (actions.web.live); a gap makes them refetch."""
+
+    team = models.OneToOneField(Team, models.CASCADE, primary_key=True, related_name="inbox_stream")
+    seq = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.team_id}: {self.seq}"
+
+
 def hash_token(key: str) -> str:
     # Tokens are 256 random bits, so a fast hash is enough: there is nothing to brute-force.
     return hashlib.sha256(key.encode()).hexdigest()

@@ -8,8 +8,10 @@ from actions import engine
 
 
 @shared_task(name="actions.tasks.run_step")
-def run_step(run_id: int) -> None:
-    engine.execute_step(run_id)
+def run_step(run_id: int, queued_at: float | None = None) -> None:
+    """``queued_at``: when the message was sent (epoch seconds), for the queue-wait figure.
+    Optional, so messages sent by an earlier version still run."""
+    engine.execute_step(run_id, queued_at)
 
 
 @shared_task(name="actions.tasks.sweep")

@@ -42,11 +42,11 @@ def percentile(values: list[float], q: float) -> float:
 
 @contextmanager
 def served_site(
-    log_dir: Path, database_url: str, *, scaled: bool, **env: str
+    log_dir: Path, database_url: str, *, scaled: bool, workers: int = 1, **env: str
 ) -> Iterator[tuple[Any, Any, str]]:
     """The app on ``database_url``, migrated and seeded (the demo team and its API token), served
     as deployed: embedded (``manage.py serve``), or scaled (Redis, one daphne, one Celery worker
-    process). Yields (site, server, token); prints the processes' logs if the benchmark fails,
+    process; ``workers`` of them). Yields (site, server, token); prints the processes' logs if the benchmark fails,
     and stops everything it started."""
     from tests.integration.processes import Site, base_env
     from tests.integration.services import Redis
@@ -65,7 +65,8 @@ def served_site(
             server = site.serve()
         else:
             server = site.daphne()
-            site.worker("bench", concurrency=4)
+            for n in range(workers):
+                site.worker(f"bench{n}", concurrency=4)
         yield site, server, token
     except BaseException:
         print(site.logs()[-6000:])

@@ -48,6 +48,17 @@ def envint(name: str, default: str, *, minimum: int = 0) -> int:
     return number
 
 
+def envfloat(name: str, default: str, *, minimum: float = 0.0) -> float:
+    value = os.getenv(name, default)
+    try:
+        number = float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, got {value!r}") from None
+    if not number >= minimum:  # also refuses nan
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {value}")
+    return number
+
+
 def envlist(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.getenv(name, default).split(",") if item.strip()]
 
@@ -245,15 +256,23 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Longer than the longest step: Redis redelivers an unacknowledged message after this.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envint("STEP_VISIBILITY_TIMEOUT", "3600")}
 CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", "false")
-CELERY_BEAT_SCHEDULE = {
-    "sweep-stuck-runs": {"task": "actions.tasks.sweep", "schedule": 60.0},
-    "apply-deadlines-and-escalations": {"task": "actions.tasks.apply_policies", "schedule": 30.0},
-}
 
 # Grundlag itself.
 GRUNDLAG_ACTION_MODULES = envlist("GRUNDLAG_ACTION_MODULES", "actions.examples")
-# A step that has not reported back after this many seconds is presumed lost and re-queued.
-GRUNDLAG_STEP_LEASE_SECONDS = envint("GRUNDLAG_STEP_LEASE_SECONDS", "600", minimum=1)
+# A step's lease: its worker renews it every third of this while the step runs (a heartbeat),
+# so a step may take as long as it needs; a step whose worker died is found by the sweeper
+# once its lease has run out, and re-queued. Short, so that takes seconds, not minutes.
+GRUNDLAG_STEP_LEASE_SECONDS = envint("GRUNDLAG_STEP_LEASE_SECONDS", "9", minimum=1)
+# How often the sweeper looks for such steps (Celery beat in the scaled setup, a thread of
+# `manage.py serve` in the embedded one).
+GRUNDLAG_SWEEP_SECONDS = envfloat("GRUNDLAG_SWEEP_SECONDS", "3", minimum=0.5)
+# A step queued this long without being claimed is presumed to have lost its message (a broker
+# restart without persistence) and is sent again; a duplicate message claims nothing.
+GRUNDLAG_QUEUED_GRACE_SECONDS = envint("GRUNDLAG_QUEUED_GRACE_SECONDS", "10", minimum=1)
+CELERY_BEAT_SCHEDULE = {
+    "sweep-stuck-runs": {"task": "actions.tasks.sweep", "schedule": GRUNDLAG_SWEEP_SECONDS},
+    "apply-deadlines-and-escalations": {"task": "actions.tasks.apply_policies", "schedule": 30.0},
+}
 # A step re-queued this often without recording how it ended fails its run.
 GRUNDLAG_MAX_STEP_REQUEUES = envint("GRUNDLAG_MAX_STEP_REQUEUES", "5", minimum=1)
 # Run each step in the process that queued it, right after commit, instead of in a Celery
@@ -264,6 +283,14 @@ GRUNDLAG_MAX_PAYLOAD_BYTES = envint("GRUNDLAG_MAX_PAYLOAD_BYTES", str(256 * 1024
 # A request carries at most one payload plus its envelope.
 DATA_UPLOAD_MAX_MEMORY_SIZE = GRUNDLAG_MAX_PAYLOAD_BYTES + 64 * 1024
 GRUNDLAG_MAX_WAIT_SECONDS = 30
+# A request waiting with `Prefer: wait` is woken by the run's change; should that signal be
+# lost, it reads the run again at least this often.
+GRUNDLAG_WAIT_POLL_SECONDS = envfloat("GRUNDLAG_WAIT_POLL_SECONDS", "1.0", minimum=0.05)
+# Production's view (actions.metrics). /metrics answers only a bearer of this token (it is off,
+# 404, without one); /healthz and /readyz are open and say nothing but up / ready. A Celery
+# worker serves its own metrics on GRUNDLAG_WORKER_METRICS_ADDR (host:port; off when empty).
+GRUNDLAG_METRICS_TOKEN = os.getenv("GRUNDLAG_METRICS_TOKEN", "")
+GRUNDLAG_WORKER_METRICS_ADDR = os.getenv("GRUNDLAG_WORKER_METRICS_ADDR", "")
 # Sandboxed scripts: limits of the child process that runs one (the actions it calls run outside).
 GRUNDLAG_SANDBOX_CPU_SECONDS = envint("GRUNDLAG_SANDBOX_CPU_SECONDS", "5", minimum=1)
 GRUNDLAG_SANDBOX_WALL_SECONDS = envint("GRUNDLAG_SANDBOX_WALL_SECONDS", "30", minimum=1)

@@ -71,20 +71,30 @@ async def test_a_new_interrupt_and_its_decision_reach_the_team_and_no_one_else(
     interrupt = await start_invoice(team)
     for communicator in (mine, colleague):
         frame = (await frames_until(communicator, "interrupt"))[-1]
-        sent_at = frame.pop("at")
+        sent_at, html = frame.pop("at"), frame.pop("html")
+        assert frame.pop("id")
         assert frame == {
             "event": "interrupt",
             "run_id": interrupt.run_id,
             "interrupt_id": interrupt.pk,
             "status": "pending",
+            "action": "send_invoice",
+            "before": [],
+            "after": [team.pk],
+            "seq": {str(team.pk): 1},
         }
         assert 0 <= time.time() - sent_at < 5
+        # The row as the inbox lists it, rendered once for every page.
+        assert html.startswith(f'<tr id="interrupt-{interrupt.pk}"') and interrupt.message in html
 
     await database_sync_to_async(engine.resume)(interrupt, {"approved": True}, reviewer)
     for communicator in (mine, colleague):
         decided = (await frames_until(communicator, "decided"))[-1]
         assert decided["interrupt_id"] == interrupt.pk
         assert (decided["status"], decided["decided_by"]) == ("approved", "reviewer1")
+        # It left the team's inbox; the next number of its stream; nothing to render.
+        assert (decided["before"], decided["after"], decided["seq"]) == ([team.pk], [], {str(team.pk): 2})
+        assert "html" not in decided
         completed = await frames_until(communicator, "run")
         while completed[-1]["status"] != "completed":
             completed = await frames_until(communicator, "run")

@@ -3,14 +3,18 @@ browser tests)."""
 
 from __future__ import annotations
 
+import json
+from datetime import timedelta
+from html import unescape
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
+from django.utils import timezone
 
 from actions import engine
-from actions.models import Interrupt, Run, Team
+from actions.models import Interrupt, Policy, Run, Team
 
 # Runs with steps in workers and inline (tests/conftest.py).
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps")]
@@ -60,7 +64,46 @@ def test_the_inbox_fragment_is_served_to_htmx(team: Team, reviewer: User) -> Non
     start(team)
     response = logged_in(reviewer).get("/", headers={"HX-Request": "true"})
     body = response.content.decode()
-    assert body.lstrip().startswith('<section id="inbox"') and 'data-title="(1) Inbox' in body
+    assert body.lstrip().startswith('<section id="inbox"') and 'data-count="1"' in body
+
+
+def test_the_inbox_counts_every_pending_interrupt_not_only_the_rows_it_lists(
+    team: Team, reviewer: User
+) -> None:
+    from actions.web.views import INBOX_LIMIT
+
+    for _ in range(INBOX_LIMIT + 5):
+        start(team)
+    page = logged_in(reviewer).get("/").content.decode()
+    assert f"<title>({INBOX_LIMIT + 5}) Inbox" in page
+    assert f'<strong id="inbox-count">{INBOX_LIMIT + 5}</strong>' in page
+    assert page.count('<tr id="interrupt-') == INBOX_LIMIT
+    assert f"the newest <span>{INBOX_LIMIT}</span> shown" in page
+
+
+def test_the_inbox_says_which_stream_numbers_its_rows_are_as_of(
+    team: Team, other_team: Team, reviewer: User
+) -> None:
+    other_team.members.add(reviewer)
+    first = start(team)
+    start(team)
+    engine.resume(first, {"approved": True}, reviewer)
+    html = logged_in(reviewer).get("/", headers={"HX-Request": "true"}).content.decode()
+    # Two created and one decided in the first team's stream; nothing yet in the other's.
+    seq = json.loads(unescape(html.split('data-seq="')[1].split('"')[0]))
+    assert seq == {str(team.pk): 3, str(other_team.pk): 0}
+    assert f'data-teams="{",".join(sorted([str(team.pk), str(other_team.pk)], key=int))}"' in html
+
+
+def test_a_team_filter_shows_what_was_escalated_to_the_team(
+    team: Team, other_team: Team, reviewer: User
+) -> None:
+    other_team.members.add(reviewer)
+    Policy.objects.create(team=team, action="send_invoice", escalate_after_minutes=1, escalate_to=other_team)
+    escalated = start(team)
+    engine.apply_policies(now=timezone.now() + timedelta(minutes=2))
+    page = logged_in(reviewer).get("/", {"team": other_team.slug}).content.decode()
+    assert f'id="interrupt-{escalated.pk}"' in page and "<title>(1) Inbox" in page
 
 
 def test_another_teams_interrupt_and_run_are_404(team: Team, outsider: User) -> None:

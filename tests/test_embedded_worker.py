@@ -82,7 +82,7 @@ def test_a_step_is_handed_to_the_pool_only_once_its_transaction_commits(
         with transaction.atomic():
             run = engine.start_run("send_invoice", {"invoice_id": "E-3", "amount": 2}, team, reviewer)
             assert recording.submitted == [], "not before the commit: the step would not find the run"
-        assert recording.submitted == [(run.pk,)]
+        assert [args[0] for args in recording.submitted] == [run.pk]
         with pytest.raises(RuntimeError, match="rolled back"), transaction.atomic():
             engine.start_run("send_invoice", {"invoice_id": "E-4", "amount": 2}, team, reviewer)
             raise RuntimeError("rolled back")
@@ -106,14 +106,15 @@ def test_without_a_pool_a_step_goes_to_celery(
     from actions import tasks
 
     settings.GRUNDLAG_INLINE_STEPS = False
-    sent: list[int] = []
-    monkeypatch.setattr(tasks.run_step, "delay", sent.append)
+    sent: list[tuple[int, float]] = []
+    monkeypatch.setattr(tasks.run_step, "delay", lambda run_id, queued_at: sent.append((run_id, queued_at)))
     run = engine.start_run("send_invoice", {"invoice_id": "E-2", "amount": 2}, team, reviewer)
-    assert sent == [run.pk] and Run.objects.get(pk=run.pk).status == "queued"
+    assert [run_id for run_id, _ in sent] == [run.pk] and Run.objects.get(pk=run.pk).status == "queued"
+    assert 0 <= time.time() - sent[0][1] < 5  # when it was sent, for the queue-wait figure
 
 
 async def test_a_waiting_api_request_answers_as_soon_as_the_run_changes_not_at_its_next_poll(
-    team: Team, monkeypatch: pytest.MonkeyPatch
+    team: Team, monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:
     """With the fallback poll made slower than the test's patience, only the signal can make
     the request answer in time."""
@@ -122,8 +123,7 @@ async def test_a_waiting_api_request_answers_as_soon_as_the_run_changes_not_at_i
 
     from actions import api
 
-    monkeypatch.setattr(api, "WAIT_FIRST_POLL_SECONDS", 60.0)
-    monkeypatch.setattr(api, "WAIT_POLL_SECONDS", 60.0)
+    settings.GRUNDLAG_WAIT_POLL_SECONDS = 60.0
     run = await sync_to_async(Run.objects.create)(
         action="send_invoice", input={"invoice_id": "W-1", "amount": 1}, team=team
     )
@@ -145,7 +145,7 @@ async def test_a_waiting_api_request_answers_as_soon_as_the_run_changes_not_at_i
 
 
 async def test_a_waiting_request_is_woken_by_the_engines_signal_from_another_thread() -> None:
-    with waiting.changes_of(41) as changed, waiting.changes_of(42) as other:
+    async with waiting.changes_of(41) as changed, waiting.changes_of(42) as other:
         sender = threading.Thread(
             target=lambda: journal.run_changed.send(
                 Run, team_id=1, run_id=41, status="completed", finished=True
@@ -156,3 +156,32 @@ async def test_a_waiting_request_is_woken_by_the_engines_signal_from_another_thr
         sender.join()
         assert not other.is_set(), "only the waiters of that run"
     assert 41 not in waiting._waiters and 42 not in waiting._waiters
+
+
+def test_the_heartbeat_renews_only_the_leases_this_process_still_holds(team: Team) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from actions.engine import steps
+
+    past = timezone.now() - timedelta(seconds=5)
+    mine = Run.objects.create(
+        action="send_invoice", input={}, team=team, status="running", attempt=3, lease_expires_at=past
+    )
+    taken_over = Run.objects.create(
+        action="send_invoice", input={}, team=team, status="running", attempt=2, lease_expires_at=past
+    )
+    stale = Run(pk=taken_over.pk, attempt=1)  # the sweeper re-queued it; another worker runs attempt 2
+    steps._hold(mine)
+    steps._hold(stale)
+    try:
+        assert steps.renew_leases() == 1
+    finally:
+        steps._let_go(mine)
+        steps._let_go(stale)
+    mine.refresh_from_db()
+    taken_over.refresh_from_db()
+    assert mine.lease_expires_at is not None and mine.lease_expires_at > timezone.now()
+    assert taken_over.lease_expires_at == past
+    assert steps.renew_leases() == 0  # let go: nothing held, nothing renewed

@@ -249,8 +249,11 @@ def test_inline_steps_run_in_the_callers_process_and_claim_as_they_queue(
     # events in one statement.
     assert len(commits) == 4
     statements = [query["sql"] for query in queries if not query["sql"].startswith(("BEGIN", "COMMIT"))]
-    # One checks the reviewer's membership; PostgreSQL also locks the run for the decision.
-    expected = 14 + (1 if connection.features.has_select_for_update else 0)
+    # One checks the reviewer's membership; the pause and the decision each number their
+    # change in the team's inbox stream; the metrics learn the team's name (once per team and
+    # process); PostgreSQL also locks the run for the decision. No page is connected, so no
+    # frame is rendered.
+    expected = 17 + (1 if connection.features.has_select_for_update else 0)
     assert len(statements) == expected, "\n".join(statements)
     events = connection.ops.quote_name(RunEvent._meta.db_table)
     assert sum(sql.startswith(f"INSERT INTO {events}") for sql in statements) == 4

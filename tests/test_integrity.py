@@ -412,22 +412,24 @@ def test_cancelling_a_run_tells_the_inbox_of_the_team_it_escalated_to(
 ) -> None:
     from actions.web import live
 
-    pushed: list[tuple[int, str, dict[str, Any]]] = []
-    monkeypatch.setattr(
-        live, "notify_team", lambda team_id, event, **payload: pushed.append((team_id, event, payload))
-    )
+    pushed: list[tuple[list[str], dict[str, Any]]] = []
+    monkeypatch.setattr(live, "_anyone_listening", lambda: True)
+    monkeypatch.setattr(live, "_send_to", lambda groups, frame: pushed.append((groups, frame)))
     Policy.objects.create(team=team, action="send_invoice", escalate_after_minutes=1, escalate_to=other_team)
     run = engine.start_run("send_invoice", {"invoice_id": "S", "amount": 1}, team, None)
     (interrupt,) = engine.pending_interrupts(run.pk)
     engine.apply_policies(now=timezone.now() + timedelta(minutes=2))
     pushed.clear()
     engine.cancel(run, reviewer)
-    told = {
-        (team_id, payload["interrupt_id"], payload["status"])
-        for team_id, event, payload in pushed
-        if event == "decided"
-    }
-    assert told == {(team.pk, interrupt.pk, "cancelled"), (other_team.pk, interrupt.pk, "cancelled")}
+    told = [(groups, frame) for groups, frame in pushed if frame["event"] == "decided"]
+    assert len(told) == 1
+    groups, frame = told[0]
+    assert {live.team_group(team.pk), live.team_group(other_team.pk)} <= set(groups)
+    assert (frame["interrupt_id"], frame["status"]) == (interrupt.pk, "cancelled")
+    assert sorted(frame["before"]) == sorted([team.pk, other_team.pk]) and frame["after"] == []
+    # Created (1), escalated (2), cancelled (3) in the first team's stream; escalated (1) and
+    # cancelled (2) in the second's.
+    assert frame["seq"] == {str(team.pk): 3, str(other_team.pk): 2}
 
 
 # 5. One lock order: the run, then its interrupt

@@ -10,7 +10,8 @@ pushing to browsers) happens after commit.
 - ``policies``: what an interrupt's policy says, and who may decide it;
 - ``deadlines``: a policy's timers (deadlines, escalations);
 - ``recovery``: steps whose worker died, messages that were lost;
-- ``journal``: the transaction's audit events and its pushes after commit;
+- ``journal``: the transaction's audit events, its inbox changes (numbered in each team's
+  stream) and its pushes after commit;
 - ``store``: every SQL statement written by hand;
 - ``errors``: what the engine refuses, and the limits on what it stores.
 """
@@ -38,8 +39,8 @@ from actions.engine.errors import (
     PayloadTooLarge,
     check_size,
 )
+from actions.engine.journal import InboxChange, public_error
 from actions.engine.journal import log as log_event
-from actions.engine.journal import public_error
 from actions.engine.policies import (
     effective_policy,
     may_decide,
@@ -49,12 +50,14 @@ from actions.engine.policies import (
 )
 from actions.engine.recovery import sweep
 from actions.engine.steps import execute_step, pending_interrupts, record, start_run
+from actions.engine.store import snapshot
 
 __all__ = [
     "CANCELLABLE",
     "AlreadyDecided",
     "Busy",
     "EngineError",
+    "InboxChange",
     "InvalidAnswer",
     "InvalidInput",
     "NotAllowed",
@@ -75,6 +78,7 @@ __all__ = [
     "reject",
     "resume",
     "separation_of_duties",
+    "snapshot",
     "start_run",
     "sweep",
     "validate_answer",

@@ -18,7 +18,7 @@ from actions.engine.decisions import (
     validate_answer,
 )
 from actions.engine.errors import AlreadyDecided, Busy, InvalidInput, PayloadTooLarge, retry_on_conflict
-from actions.engine.journal import atomic, log, push_team
+from actions.engine.journal import atomic, inbox_changed, log
 from actions.models import Interrupt, Run, RunEvent, Team
 
 logger = logging.getLogger(__name__)
@@ -94,10 +94,9 @@ def _escalate(interrupt: Interrupt, target: Team, now: datetime) -> bool:
         if not escalated:
             return False
         log(interrupt.run_id, RunEvent.Kind.ESCALATED, None, interrupt, to=target.slug)
-        for team_id in (interrupt.team_id, target.pk):
-            push_team(
-                team_id, "interrupt", run_id=interrupt.run_id, interrupt_id=interrupt.pk, status="pending"
-            )
+        inbox_changed(
+            "escalated", interrupt, before=[interrupt.team_id], after=[interrupt.team_id, target.pk]
+        )
     return True
 
 

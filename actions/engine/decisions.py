@@ -27,7 +27,7 @@ from actions.engine.errors import (
     check_size,
     retry_on_conflict,
 )
-from actions.engine.journal import atomic, log, push_run_status, push_team
+from actions.engine.journal import atomic, inbox_changed, log, push_run_status
 from actions.engine.policies import may_decide, separation_of_duties, why_not, why_not_cancel
 from actions.engine.steps import answers_of, hand_over, inline, lease_from
 from actions.models import Actor, Approval, Interrupt, Run, RunEvent, actor_name, actor_user
@@ -124,15 +124,9 @@ def decide(
         if policy:
             detail["policy"] = policy
         log(run, kinds.get(status, RunEvent.Kind.REJECTED), by, current, **detail)
-        for team_id in current.team_ids:
-            push_team(
-                team_id,
-                "decided",
-                run_id=run.pk,
-                interrupt_id=current.pk,
-                status=current.status,
-                decided_by=current.decided_by_name,
-            )
+        inbox_changed(
+            "decided", current, before=current.team_ids, after=(), decided_by=current.decided_by_name
+        )
         then(run, current)
     return current
 
@@ -192,8 +186,7 @@ def _count_approval(run: Run, interrupt: Interrupt, by: Actor, answer: Any) -> A
         detail["restarted"] = True
         detail["superseded"] = superseded
     log(run, RunEvent.Kind.APPROVED, by, interrupt, **detail)
-    for team_id in interrupt.team_ids:
-        push_team(team_id, "approval", run_id=run.pk, interrupt_id=interrupt.pk, status="pending")
+    inbox_changed("approval", interrupt, before=interrupt.team_ids, after=interrupt.team_ids)
     return None
 
 
@@ -247,10 +240,8 @@ def finish_with_pending_cancelled(run: Run, status: str, *, error: str = "", by:
         decided_by_name=actor_name(by),
     )
     for it in pending:
-        for team_id in it.team_ids:
-            push_team(
-                team_id, "decided", run_id=run.pk, interrupt_id=it.pk, status=Interrupt.Status.CANCELLED
-            )
+        it.status = Interrupt.Status.CANCELLED
+        inbox_changed("decided", it, before=it.team_ids, after=(), decided_by=actor_name(by))
     Run.objects.filter(pk=run.pk).update(
         status=status, error=error, finished_at=now, updated_at=now, lease_expires_at=None
     )

@@ -13,6 +13,8 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
@@ -25,23 +27,70 @@ from actions.models import Actor, Interrupt, Run, RunEvent, actor_name, actor_us
 
 logger = logging.getLogger(__name__)
 
-# The events of the transaction open in atomic(), written together before it commits.
-_journal: ContextVar[list[list[Any]] | None] = ContextVar("grundlag_journal", default=None)
+
+@dataclass(slots=True)
+class InboxChange:
+    """A change of the teams' inboxes: an interrupt entered, left or changed in them.
+
+    ``before`` and ``after`` are the teams whose inbox showed it before and after the change
+    (empty when it was created or decided), so a page can tell, without asking the server,
+    whether its own view of it changed. ``seq`` holds, for each team involved, the change's
+    number in that team's inbox stream, given as the transaction commits."""
+
+    event: str  # "interrupt" (created), "escalated", "approval" (one of N counted), "decided"
+    run_id: int
+    interrupt_id: int
+    action: str
+    before: tuple[int, ...]
+    after: tuple[int, ...]
+    status: str = Interrupt.Status.PENDING
+    decided_by: str = ""
+    created_at: datetime | None = None
+    seq: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def team_ids(self) -> list[int]:
+        return sorted(set(self.before) | set(self.after))
+
+
+@dataclass(slots=True)
+class _Journal:
+    events: list[list[Any]] = field(default_factory=list)
+    changes: list[InboxChange] = field(default_factory=list)
+
+
+# What the transaction open in atomic() writes besides its rows, written as it ends.
+_journal: ContextVar[_Journal | None] = ContextVar("grundlag_journal", default=None)
 
 
 @contextmanager
 def atomic() -> Iterator[None]:
-    """``transaction.atomic()`` whose audit events are written in one INSERT, as it ends, and
-    whose engine statements share a cursor."""
-    events: list[list[Any]] = []
+    """``transaction.atomic()`` whose audit events are written in one INSERT, as it ends, whose
+    inbox changes are numbered in their teams' streams, and whose engine statements share a
+    cursor."""
+    journal = _Journal()
     with transaction.atomic(), store.one_cursor():
-        token = _journal.set(events)
+        token = _journal.set(journal)
         try:
             yield
         finally:
             # Reset before the commit: steps that run after it (inline) keep their own.
             _journal.reset(token)
-        store.insert_events(events)
+        store.insert_events(journal.events)
+        if journal.changes:
+            _number(journal.changes)
+
+
+def _number(changes: list[InboxChange]) -> None:
+    counts: dict[int, int] = {}
+    for change in changes:
+        for team_id in change.team_ids:
+            counts[team_id] = counts.get(team_id, 0) + 1
+    last = store.advance_streams(counts)
+    for change in reversed(changes):
+        for team_id in change.team_ids:
+            change.seq[team_id] = last[team_id]
+            last[team_id] -= 1
 
 
 def log(
@@ -64,22 +113,52 @@ def log(
     ]
     journal = _journal.get()
     if journal is not None:
-        journal.append(event)
+        journal.events.append(event)
     else:
         store.insert_events([event])
 
 
-# Sent after commit. team_changed: team_id, event ("interrupt", "decided", "approval") and
-# payload (run_id, interrupt_id, status...). run_changed: team_id, run_id, status, finished.
+# Sent after commit. team_changed: changes, the transaction's InboxChanges in order, each
+# numbered in its teams' streams. run_changed: team_id, run_id, status, finished.
 team_changed = Signal()
 run_changed = Signal()
+# Sent by the process that ran a step, once it is recorded: action, status, seconds (the step
+# itself), queued_seconds (from its message being sent to its claim; None when not known).
+step_ran = Signal()
 
 
-def push_team(team_id: int, event: str, **payload: Any) -> None:
-    """Announce a change of the team's inbox, once this transaction commits."""
-    # robust: a push that fails must not keep the callbacks after it (a step's hand-over) from running.
-    transaction.on_commit(
-        lambda: team_changed.send(Run, team_id=team_id, event=event, payload=payload), robust=True
+def inbox_changed(
+    event: str,
+    interrupt: Interrupt,
+    *,
+    before: list[int] | tuple[int, ...],
+    after: list[int] | tuple[int, ...],
+    decided_by: str = "",
+) -> None:
+    """Announce, once the transaction open in atomic() commits, that the interrupt entered,
+    left or changed in the inboxes of these teams."""
+    journal = _journal.get()
+    if journal is None:
+        raise RuntimeError("inbox changes are announced from inside the engine's atomic()")
+    if not journal.changes:
+        # Sent where the first change was made among the transaction's after-commit work (before
+        # a step it hands over, which may run inline), numbered by then. robust: a push that
+        # fails must not keep the callbacks after it from running.
+        changes = journal.changes
+        transaction.on_commit(lambda: team_changed.send(Run, changes=changes), robust=True)
+    journal.changes.append(
+        InboxChange(
+            event=event,
+            run_id=interrupt.run_id,
+            interrupt_id=interrupt.pk,
+            action=interrupt.action,
+            before=tuple(before),
+            after=tuple(after),
+            status=interrupt.status,
+            decided_by=decided_by,
+            # Read without loading it: a row read in part by the store defers the rest.
+            created_at=interrupt.__dict__.get("created_at"),
+        )
     )
 
 

@@ -17,9 +17,6 @@ from actions.models import Run, RunEvent
 
 Status = Run.Status
 
-# A queued step older than this is presumed to have lost its message and is sent again.
-QUEUED_GRACE_SECONDS = 60
-
 
 def _requeues_of_this_step(run_id: int) -> int:
     """How often the run's current step was re-queued: since it started or last resumed."""
@@ -66,7 +63,9 @@ def sweep(*, all_unfinished: bool = False) -> int:
                 log(run_id, RunEvent.Kind.REQUEUED, None, reason="lease expired", attempt=attempt)
                 enqueue(run_id)
                 count += 1
-    grace = now if all_unfinished else now - timedelta(seconds=QUEUED_GRACE_SECONDS)
+    # A queued step unclaimed for GRUNDLAG_QUEUED_GRACE_SECONDS is presumed to have lost its
+    # message, and is sent again (its updated_at moved on, so at most once per grace).
+    grace = now if all_unfinished else now - timedelta(seconds=settings.GRUNDLAG_QUEUED_GRACE_SECONDS)
     for run_id in Run.objects.filter(status=Status.QUEUED, updated_at__lte=grace).values_list(
         "pk", flat=True
     ):

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections, connections, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
@@ -34,7 +36,14 @@ from actions.engine.errors import (
     safe_text,
     storing_problem,
 )
-from actions.engine.journal import atomic, log, push_run_status, push_team, report_internal_error
+from actions.engine.journal import (
+    atomic,
+    inbox_changed,
+    log,
+    push_run_status,
+    report_internal_error,
+    step_ran,
+)
 from actions.engine.policies import policy_fields
 from actions.models import Actor, ApiToken, Interrupt, Run, RunEvent, Team, actor_name, actor_user
 
@@ -52,6 +61,53 @@ def lease_from(now: datetime) -> datetime:
     return now + timedelta(seconds=settings.GRUNDLAG_STEP_LEASE_SECONDS)
 
 
+# The heartbeat. A lease is short (GRUNDLAG_STEP_LEASE_SECONDS), so that the sweeper finds a
+# step whose worker died soon; a step that takes longer keeps its lease because its process,
+# while it is alive, renews it every third of the lease. A process that dies stops renewing,
+# and its steps' leases run out.
+_held: dict[int, int] = {}  # run id -> attempt: the steps this process is running
+_held_lock = threading.Lock()
+_heartbeat: threading.Thread | None = None
+
+
+def _hold(run: Run) -> None:
+    global _heartbeat
+    with _held_lock:
+        _held[run.pk] = run.attempt
+        if _heartbeat is None or not _heartbeat.is_alive():
+            _heartbeat = threading.Thread(target=_beat, name="grundlag-heartbeat", daemon=True)
+            _heartbeat.start()
+
+
+def _let_go(run: Run) -> None:
+    with _held_lock:
+        if _held.get(run.pk) == run.attempt:
+            del _held[run.pk]
+
+
+def renew_leases() -> int:
+    """Renew the lease of every step this process is running; how many were renewed. A lease
+    taken over meanwhile (the sweeper re-queued the step) is left alone: the conditional
+    record of this attempt will fail, and the new attempt's holder owns the run."""
+    with _held_lock:
+        held = dict(_held)
+    if not held:
+        return 0
+    now = timezone.now()
+    return store.renew_leases(held, lease_from(now))
+
+
+def _beat() -> None:
+    while True:
+        time.sleep(max(settings.GRUNDLAG_STEP_LEASE_SECONDS / 3, 0.1))
+        try:
+            renew_leases()
+        except Exception:
+            logger.warning("could not renew step leases; trying again", exc_info=True)
+        finally:
+            connections.close_all()  # this thread's: a beat holds no connection between beats
+
+
 # The embedded setup (`manage.py serve` with no broker) is its own worker: a step goes to one
 # of this process's threads as the transaction that queued it commits, with no broker to poll.
 # It runs the same task, and makes the same claim, as a Celery worker would.
@@ -65,12 +121,12 @@ def run_steps_in(pool: Executor | None) -> None:
     _pool = pool
 
 
-def _run_step_here(run_id: int) -> None:
+def _run_step_here(run_id: int, queued_at: float) -> None:
     from actions.tasks import run_step
 
     close_old_connections()
     try:
-        run_step(run_id)
+        run_step(run_id, queued_at)
     except Exception:
         logger.exception("step of run %s failed; the sweeper will retry it", run_id)
     finally:
@@ -87,7 +143,7 @@ def enqueue(run_id: int) -> None:
 
         def submit() -> None:
             try:
-                pool.submit(_run_step_here, run_id)
+                pool.submit(_run_step_here, run_id, time.time())
             except RuntimeError:  # shutting down: queued in the database, the next start runs it
                 logger.warning("run %s stays queued: the process is stopping", run_id)
 
@@ -98,7 +154,7 @@ def enqueue(run_id: int) -> None:
         from actions.tasks import run_step
 
         try:
-            run_step.delay(run_id)
+            run_step.delay(run_id, time.time())
         except Exception:
             # The run is committed as queued; the sweeper enqueues it again. Nothing is lost.
             logger.exception("could not enqueue run %s; the sweeper will retry", run_id)
@@ -212,8 +268,9 @@ def answers_of(run_id: int, *, latest: Interrupt | None = None) -> Answers:
 
 
 @retry_on_conflict
-def execute_step(run_id: int) -> None:
-    """Claim the run's queued step, run it, and record how it ended. Idempotent."""
+def execute_step(run_id: int, queued_at: float | None = None) -> None:
+    """Claim the run's queued step, run it, and record how it ended. Idempotent. ``queued_at``
+    (epoch seconds) is when its message was sent, for the queue-wait figure."""
     now = timezone.now()
     with atomic():
         run = store.claim_queued(run_id, now, lease_from(now))
@@ -221,17 +278,28 @@ def execute_step(run_id: int) -> None:
             return  # another delivery of the message, or another worker, has it
         log(run, RunEvent.Kind.CLAIMED, None, attempt=run.attempt)
         push_run_status(run, run.status)
-    _execute_claimed(run)
+    waited = max(0.0, time.time() - queued_at) if queued_at is not None else None
+    _execute_claimed(run, queued_seconds=waited)
 
 
-def _execute_claimed(run: Run, answers: Answers | None = None) -> None:
-    """Run the step of a run this process holds the lease of, and record how it ended."""
+def _execute_claimed(run: Run, answers: Answers | None = None, queued_seconds: float | None = None) -> None:
+    """Run the step of a run this process holds the lease of (renewed while it runs), and
+    record how it ended."""
+    _hold(run)
+    began = time.perf_counter()
     try:
-        result = driver_for(run.consumer).step(run, answers_of(run.pk) if answers is None else answers)
-    except Exception as exc:
-        logger.exception("step of run %s crashed in the engine", run.pk)
-        result = StepResult(Status.FAILED, error=f"{type(exc).__name__}: {exc}", internal=True)
-    record(run, result)
+        try:
+            result = driver_for(run.consumer).step(run, answers_of(run.pk) if answers is None else answers)
+        except Exception as exc:
+            logger.exception("step of run %s crashed in the engine", run.pk)
+            result = StepResult(Status.FAILED, error=f"{type(exc).__name__}: {exc}", internal=True)
+        seconds = time.perf_counter() - began
+        record(run, result)
+    finally:
+        _let_go(run)
+    step_ran.send(
+        Run, action=run.action, status=result.status, seconds=seconds, queued_seconds=queued_seconds
+    )
 
 
 def _result_problem(result: StepResult) -> str:
@@ -323,9 +391,7 @@ def _record(run: Run, result: StepResult, driver_state: dict[str, Any] | store.K
                 )
                 store.insert(interrupt, store.next_seq(run.pk))
                 log(run, RunEvent.Kind.INTERRUPTED, None, interrupt, seq=interrupt.seq)
-                push_team(
-                    run.team_id, "interrupt", run_id=run.pk, interrupt_id=interrupt.pk, status="pending"
-                )
+                inbox_changed("interrupt", interrupt, before=(), after=[run.team_id])
         elif result.status == Status.COMPLETED:
             log(run, RunEvent.Kind.COMPLETED, None)
         else:

@@ -34,7 +34,7 @@ from django.db.backends.utils import CursorWrapper
 from django.db.models.base import ModelState
 from django.db.models.expressions import Col
 
-from actions.models import Interrupt, Policy, Run, RunEvent
+from actions.models import InboxStream, Interrupt, Policy, Run, RunEvent
 
 M = TypeVar("M", bound=models.Model)
 
@@ -234,7 +234,7 @@ def _db() -> BaseDatabaseWrapper:
 # table, {Run.status} its status column, quoted for the database in use.
 
 _MODELS: dict[str, type[models.Model]] = {
-    model.__name__: model for model in (Run, Interrupt, RunEvent, Policy)
+    model.__name__: model for model in (Run, Interrupt, RunEvent, Policy, InboxStream)
 }
 
 
@@ -474,4 +474,56 @@ def decided_interrupts(run_id: int) -> list[Interrupt]:
             " WHERE {Interrupt.run} = %s AND {Interrupt.status} IN (%s, %s) ORDER BY {Interrupt.seq}"
         ),
         [run_id, Interrupt.Status.APPROVED, Interrupt.Status.REJECTED],
+    )
+
+
+def advance_streams(counts: dict[int, int]) -> dict[int, int]:
+    """Move each team's inbox stream on by its count of changes; each team's new last number.
+    In the transaction of the changes, as its last statement: the row stays locked only until
+    the commit, and the numbers are in the order the changes commit. Teams in id order, so two
+    transactions never wait for each other's."""
+    teams = sorted(counts)
+    if not teams:
+        return {}
+    connection = _db()
+    with _cursor(connection) as cursor:
+        cursor.execute(
+            sql("INSERT INTO {InboxStream} ({InboxStream.team}, {InboxStream.seq}) VALUES ")
+            + ", ".join(["(%s, %s)"] * len(teams))
+            + sql(
+                " ON CONFLICT ({InboxStream.team}) DO UPDATE SET {InboxStream.seq} ="
+                " {InboxStream}.{InboxStream.seq} + excluded.{InboxStream.seq}"
+                " RETURNING {InboxStream.team}, {InboxStream.seq}"
+            ),
+            [value for team in teams for value in (team, counts[team])],
+        )
+        return {int(team): int(seq) for team, seq in cursor.fetchall()}
+
+
+@contextmanager
+def snapshot() -> Iterator[None]:
+    """Reads that see one moment of the database: a page's rows and the stream numbers they
+    are as of. SQLite's read transactions are snapshots; PostgreSQL's need REPEATABLE READ
+    (Read Committed takes a new snapshot per statement). Inside a transaction already open,
+    that transaction's isolation holds."""
+    from django.db import transaction
+
+    connection = _db()
+    outermost = not connection.in_atomic_block
+    with transaction.atomic():
+        if outermost and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        yield
+
+
+def renew_leases(held: dict[int, int], lease_expires_at: datetime) -> int:
+    """Move the lease of each running step (run id -> attempt) on to ``lease_expires_at``, if
+    it is still that attempt's; how many were."""
+    pairs = sorted(held.items())
+    return execute(
+        sql("UPDATE {Run} SET {Run.lease_expires_at} = %s WHERE {Run.status} = %s AND (")
+        + " OR ".join([sql("({Run.id} = %s AND {Run.attempt} = %s)")] * len(pairs))
+        + ")",
+        [lease_expires_at, Run.Status.RUNNING, *[value for pair in pairs for value in pair]],
     )

@@ -74,3 +74,10 @@ def age(value: datetime) -> str:
     if (timezone.now() - value).total_seconds() < 60:
         return "just now"
     return f"{timesince(value)} ago"
+
+
+@register.filter
+def order_key(value: datetime, pk: int) -> str:
+    """A row's place in the inbox (newest first: by creation, then id), as one string that
+    sorts as the list does: the page inserts a pushed row by it."""
+    return f"{int(value.timestamp() * 1_000_000):020d}-{int(pk):012d}"

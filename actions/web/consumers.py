@@ -1,6 +1,7 @@
 """The reviewers' websocket: one socket per page, joined to the group of each of the user's
-teams. Frames are hints ("interrupt 7 of run 3 was approved"); the page refetches what it shows
-over HTTP, so a frame lost while offline loses nothing."""
+teams (and of the run a run page shows). Inbox frames carry the change, rendered once for every
+page (actions.web.live); a page that misses one sees it by the stream's numbers and refetches,
+so a frame lost while offline loses nothing."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from channels.layers import InMemoryChannelLayer
 from django.conf import settings
 from django.contrib.auth import SESSION_KEY, get_user_model
 
+from actions import metrics
 from actions.models import Run, Team
 from actions.web import live
 
@@ -34,10 +36,11 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
     groups_joined: list[str]
     watcher: asyncio.Task[None] | None = None
     watched_run: int | None = None
+    counted = False  # in the open-sockets figure
 
     async def connect(self) -> None:
         self.groups_joined = []
-        self.recent: deque[tuple[Any, ...]] = deque(maxlen=64)
+        self.recent: deque[Any] = deque(maxlen=64)
         user = self.scope.get("user")
         if user is None or not user.is_authenticated or not user.is_active:
             await self.close(code=NOT_AUTHENTICATED)
@@ -46,12 +49,17 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
             live.bind_loop(asyncio.get_running_loop())
         await self.join(await self.team_groups())
         await self.accept()
+        self.counted = True
+        metrics.OPEN_SOCKETS.inc()
         await self.send_json({"event": "hello", "teams": len(self.groups_joined)})
         self.watcher = asyncio.create_task(self.watch())
 
     async def disconnect(self, code: int) -> None:
         """Everything this socket holds is let go, each part whatever happens to the others:
         a leaked watcher or group membership would outlive the socket."""
+        if self.counted:
+            metrics.OPEN_SOCKETS.dec()
+            self.counted = False
         if self.watcher is not None:
             self.watcher.cancel()
             self.watcher = None
@@ -133,8 +141,9 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
         await super().dispatch(message)
 
     async def inbox_changed(self, event: dict[str, Any]) -> None:
-        # A run page hears a change through its team's group and its run's: send it once.
-        key = (event.get("at"), event.get("event"), event.get("run_id"), event.get("interrupt_id"))
+        # A page hears a change through each of its groups that it concerns (a run page through
+        # its team's and its run's; an escalated interrupt through both teams): send it once.
+        key = event.get("id")
         if key in self.recent:
             return
         self.recent.append(key)

@@ -1,5 +1,14 @@
-"""Pushes to reviewers' browsers. A push is a hint: pages refetch over HTTP on every
-(re)connect, so a push that is lost (a restart, a dropped socket) loses nothing."""
+"""Pushes to reviewers' browsers.
+
+An inbox change is rendered once, here, for everyone: its frame carries the row's HTML (never
+the checkpoint), the teams whose inbox showed it before and after, its action, and its number
+in each of those teams' streams. Each page decides from that alone whether the change is in its
+own view (its user's teams, its filters) and how its count moves (static/js/live.js), so the
+server's work per change does not grow with the number of pages or of pending interrupts.
+
+A page fetches its list over HTTP on (re)connect, and when a frame's number shows it missed one
+(a restart, a dropped socket, a full channel): a lost push loses nothing. Frames about runs are
+hints that make run and interrupt pages refetch their fragment."""
 
 from __future__ import annotations
 
@@ -7,9 +16,16 @@ import asyncio
 import logging
 import threading
 import time
+import uuid
 from typing import Any
 
 from channels.layers import InMemoryChannelLayer, get_channel_layer
+from django.db.models import Count, Q
+from django.template.loader import render_to_string
+
+from actions import metrics
+from actions.engine import InboxChange
+from actions.models import Interrupt
 
 logger = logging.getLogger(__name__)
 
@@ -48,22 +64,66 @@ def run_group(run_id: int) -> str:
     return f"run-{run_id}"
 
 
-def notify_team(team_id: int, event: str, **payload: Any) -> None:
-    """Tell every connected reviewer of the team (and any page watching the run) that something
-    changed. Never raises."""
-    _send_to([team_group(team_id)], event, payload)
+def inbox_frames(changes: list[InboxChange]) -> list[dict[str, Any]]:
+    """The frames of a transaction's inbox changes: a row rendered once per change that leaves
+    it in an inbox, with one query for all of them."""
+    shown = [change.interrupt_id for change in changes if change.after]
+    rows = {
+        it.pk: it
+        for it in Interrupt.objects.filter(pk__in=shown)
+        .select_related("run", "team", "escalate_to")
+        .annotate(approval_count=Count("approvals", filter=Q(approvals__superseded_at=None)))
+    }
+    frames = []
+    for change in changes:
+        row = rows.get(change.interrupt_id)
+        frame: dict[str, Any] = {
+            "event": change.event,
+            "run_id": change.run_id,
+            "interrupt_id": change.interrupt_id,
+            "status": change.status,
+            "action": change.action,
+            "before": list(change.before),
+            "after": list(change.after),
+            "seq": {str(team): n for team, n in change.seq.items()},
+        }
+        if change.decided_by:
+            frame["decided_by"] = change.decided_by
+        if row is not None:
+            frame["html"] = render_to_string("actions/partials/inbox_row.html", {"it": row}).strip()
+        frames.append(frame)
+    return frames
+
+
+def notify_inboxes(changes: list[InboxChange]) -> None:
+    """Send each change to the streams of its teams, and to pages showing its run. Never
+    raises."""
+    if not _anyone_listening():
+        return
+    began = time.perf_counter()
+    try:
+        frames = inbox_frames(changes)
+    except Exception:
+        # Rendering failed (the database went away): pages find out from the next frame's
+        # number, or when they reconnect.
+        logger.warning("inbox frames could not be made; pages catch up on the next", exc_info=True)
+        return
+    for change, frame in zip(changes, frames, strict=True):
+        groups = [team_group(team) for team in change.team_ids]
+        _send_to([*groups, run_group(change.run_id)], frame)
+    metrics.PUSH_FANOUT.observe(time.perf_counter() - began)
 
 
 def notify_run(team_id: int, run_id: int, status: str, *, finished: bool) -> None:
     """A run's status changed. Only pages showing the run need to hear of it, unless it
     finished: that may have cancelled interrupts in the team's inboxes."""
     groups = [run_group(run_id), team_group(team_id)] if finished else [run_group(run_id)]
-    _send_to(groups, "run", {"run_id": run_id, "status": status})
+    _send_to(groups, {"event": "run", "run_id": run_id, "status": status})
 
 
-def on_team_changed(sender: Any, *, team_id: int, event: str, payload: dict[str, Any], **kwargs: Any) -> None:
+def on_team_changed(sender: Any, *, changes: list[InboxChange], **kwargs: Any) -> None:
     """The engine's team_changed signal (actions.engine.journal)."""
-    notify_team(team_id, event, **payload)
+    notify_inboxes(changes)
 
 
 def on_run_changed(
@@ -73,17 +133,28 @@ def on_run_changed(
     notify_run(team_id, run_id, status, finished=finished)
 
 
-def _send_to(groups: list[str], event: str, payload: dict[str, Any]) -> None:
+def _send_to(groups: list[str], frame: dict[str, Any]) -> None:
     # "at" (epoch seconds, when the change was committed and pushed) lets a client judge how
-    # fresh a frame is; the push-latency benchmark measures from it.
-    message = {"type": "inbox.changed", "event": event, "at": time.time(), **payload}
-    if "run_id" in payload and event != "run":
-        groups = [*groups, run_group(payload["run_id"])]
+    # fresh a frame is. "id" names the frame, which a page that hears it through two of its
+    # groups (its team's and its run's, or two teams') takes once.
+    message = {"type": "inbox.changed", "at": time.time(), "id": uuid.uuid4().hex, **frame}
     for group in groups:
         try:
             _group_send(group, message)
         except Exception:
             logger.warning("push to %s failed; clients catch up on reconnect", group, exc_info=True)
+
+
+def _anyone_listening() -> bool:
+    """False when no page can hear a push from here: the in-memory layer reaches only this
+    process's sockets, and the first to connect binds the loop; none has (a shell, a command,
+    a benchmark). Then no frame is worth rendering."""
+    layer = get_channel_layer()
+    if layer is None:
+        return False
+    if isinstance(layer, InMemoryChannelLayer):
+        return _home_loop is not None and _home_loop.is_running()
+    return True
 
 
 def _group_send(group: str, message: dict[str, Any]) -> None:

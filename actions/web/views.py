@@ -20,7 +20,7 @@ from django_htmx.middleware import HtmxDetails
 
 from actions import engine
 from actions.core import UnknownAction, registry
-from actions.models import Interrupt, Run, RunEvent, Team
+from actions.models import InboxStream, Interrupt, Run, RunEvent, Team
 from actions.web.forms import ApprovalForm, RejectForm, SchemaForm, form_for_schema
 
 
@@ -67,26 +67,43 @@ def _can_decide(user: User, interrupt: Interrupt) -> bool:
 # Inbox
 
 
+# The inbox lists at most this many rows; its count is of all of them.
+INBOX_LIMIT = 200
+
+
 @login_required
 def inbox(request: AuthenticatedRequest) -> HttpResponse:
     teams = list(Team.objects.filter(members=request.user))
-    pending = (
-        Interrupt.objects.filter(Interrupt.visible_to(teams), status=Interrupt.Status.PENDING)
-        .select_related("run", "team", "escalate_to")
-        .annotate(approval_count=Count("approvals", filter=Q(approvals__superseded_at=None)))
-        .order_by("-created_at", "-id")
-    )
     team_slug = request.GET.get("team", "")
     action_name = request.GET.get("action", "")
-    if team_slug:
-        pending = pending.filter(team__slug=team_slug)
+    # A team's inbox holds its own pending interrupts and those escalated to it: what the page
+    # shows for a team filter, and what live.js decides with from a frame's teams.
+    shown = [t for t in teams if t.slug == team_slug] if team_slug else teams
+    pending = Interrupt.objects.filter(Interrupt.visible_to(shown), status=Interrupt.Status.PENDING)
     if action_name:
         pending = pending.filter(action=action_name)
-    interrupts = list(pending[:200])
+    with engine.snapshot():
+        # One moment: the rows, the count and the stream numbers they are as of, so the frames
+        # after them apply exactly once.
+        seq = dict(InboxStream.objects.filter(team__in=teams).values_list("team_id", "seq"))
+        count = pending.count() if shown else 0
+        interrupts = (
+            list(
+                pending.select_related("run", "team", "escalate_to")
+                .annotate(approval_count=Count("approvals", filter=Q(approvals__superseded_at=None)))
+                .order_by("-created_at", "-id")[:INBOX_LIMIT]
+            )
+            if shown
+            else []
+        )
     context = {
         "teams": teams,
         "interrupts": interrupts,
-        "count": len(interrupts),
+        "count": count,
+        "limit": INBOX_LIMIT,
+        "stream_seq": json.dumps({str(t.pk): seq.get(t.pk, 0) for t in teams}),
+        "team_ids": ",".join(str(t.pk) for t in teams),
+        "filter_team_id": shown[0].pk if team_slug and shown else "",
         "team_slug": team_slug,
         "action_name": action_name,
         "action_names": sorted({a.name for a in registry.all()}),

@@ -1,21 +1,144 @@
-// Pushes from the server are hints. Every frame (and every (re)connect, which the server
-// greets with "hello") fires `grundlag:changed` on <body>, and, by what it names,
-// `grundlag:interrupt-<id>`, `grundlag:run-<id>` or `grundlag:hello`; the page's fragments
-// refetch themselves with hx-trigger="grundlag:interrupt-9 from:body, ...". Event names, not
-// htmx's filter expressions: those are evaluated as code, which the Content-Security-Policy
-// forbids. Fragments carry
-// hx-sync="this:replace": pushes come in bursts (decided, running, completed), and a refetch
-// queued behind one in flight would be lost when that one swaps its element out.
+// Live pages. The server pushes two kinds of frame over the websocket:
+//
+// - Inbox changes (they carry "seq"): an interrupt entered, changed in or left the inboxes of
+//   the teams in "before"/"after", with its row rendered once for everyone ("html") and its
+//   number in each of those teams' streams. The inbox applies them itself (below); it fetches
+//   its list again only on (re)connect, when a number shows a frame was missed, or to refill.
+// - Hints about runs. Run and interrupt pages refetch their fragment, with
+//   hx-trigger="grundlag:interrupt-9 from:body, ...": every frame fires `grundlag:changed` on
+//   <body>, and, by what it names, `grundlag:interrupt-<id>`, `grundlag:run-<id>` or
+//   `grundlag:hello`. Event names, not htmx's filter expressions: those are evaluated as code,
+//   which the Content-Security-Policy forbids. Fragments carry hx-sync="this:replace": pushes
+//   come in bursts (decided, running, completed), and a refetch queued behind one in flight
+//   would be lost when that one swaps its element out.
 (function () {
   "use strict";
   function setLive(state, text) {
     var el = document.getElementById("live");
     if (el) { el.dataset.state = state; el.textContent = text; }
   }
+
+  // The inbox list. Its section says what it shows as of which numbers: data-seq (each of the
+  // user's teams' stream numbers), data-count (all pending in view, not only the rows listed),
+  // data-teams, data-filter-team, data-filter-action, data-limit.
+  var inbox = {
+    last: null,      // team id -> the stream number the list is as of
+    count: 0,
+    loading: false,  // a fetch is in flight: frames wait for it in `held`
+    held: [],
+  };
+
+  function section() { return document.getElementById("inbox"); }
+
+  function adopt(el) {
+    // A list just rendered by the server: its numbers, its count; then the frames that came
+    // meanwhile, those it does not already reflect.
+    try { inbox.last = JSON.parse(el.dataset.seq || "{}"); } catch (e) { inbox.last = {}; }
+    inbox.count = parseInt(el.dataset.count || "0", 10);
+    inbox.loading = false;
+    var held = inbox.held;
+    inbox.held = [];
+    showCount(el);
+    for (var i = 0; i < held.length; i++) { apply(el, held[i]); }
+  }
+
+  function refetch(el) {
+    inbox.loading = true;
+    htmx.trigger(el, "grundlag:refetch");
+  }
+
+  function inView(el, teams, action) {
+    var mine = (el.dataset.teams || "").split(",");
+    var only = el.dataset.filterTeam;
+    var wanted = el.dataset.filterAction;
+    if (wanted && action !== wanted) { return false; }
+    for (var i = 0; i < teams.length; i++) {
+      var team = String(teams[i]);
+      if (mine.indexOf(team) >= 0 && (!only || only === team)) { return true; }
+    }
+    return false;
+  }
+
+  function rows() { return document.getElementById("inbox-rows"); }
+
+  function insertRow(el, html) {
+    var template = document.createElement("template");
+    template.innerHTML = html;
+    var row = template.content.firstElementChild;
+    if (!row) { return; }
+    var body = rows();
+    var old = document.getElementById(row.id);
+    if (old) { old.replaceWith(row); htmx.process(row); return; }
+    var limit = parseInt(el.dataset.limit || "200", 10);
+    // Newest first: before the first row older than it.
+    var next = null;
+    for (var child = body.firstElementChild; child; child = child.nextElementSibling) {
+      if (child.dataset.order < row.dataset.order) { next = child; break; }
+    }
+    if (!next && body.children.length >= limit) { return; } // beyond the rows listed; counted only
+    body.insertBefore(row, next);
+    htmx.process(row);
+    if (body.children.length > limit) { body.lastElementChild.remove(); }
+  }
+
+  function showCount(el) {
+    var listed = rows() ? rows().children.length : 0;
+    var count = document.getElementById("inbox-count");
+    if (count) { count.textContent = String(inbox.count); }
+    var shown = document.getElementById("inbox-shown");
+    if (shown) {
+      shown.hidden = inbox.count <= listed;
+      shown.querySelector("span").textContent = String(listed);
+    }
+    var table = el.querySelector("table.inbox");
+    var empty = el.querySelector(".empty");
+    if (table) { table.hidden = listed === 0; }
+    if (empty) { empty.hidden = listed !== 0 || inbox.count !== 0; }
+    document.title = "(" + inbox.count + ") " + (el.dataset.title || document.title);
+  }
+
+  function apply(el, frame) {
+    if (inbox.last === null) { adopt(el); }
+    if (inbox.loading) { inbox.held.push(frame); return; }
+    // Only the streams of the user's teams count; a frame reaches a page through one of them.
+    var mine = (el.dataset.teams || "").split(",");
+    var fresh = false;
+    var numbers = {};
+    for (var team in frame.seq) {
+      if (!Object.prototype.hasOwnProperty.call(frame.seq, team) || mine.indexOf(team) < 0) { continue; }
+      var have = inbox.last[team] || 0;
+      var n = frame.seq[team];
+      if (n <= have) { continue; } // the list already reflects it
+      if (n !== have + 1) { refetch(el); return; } // one was missed: start again from the server
+      numbers[team] = n;
+      fresh = true;
+    }
+    if (!fresh) { return; }
+    for (var t in numbers) { if (Object.prototype.hasOwnProperty.call(numbers, t)) { inbox.last[t] = numbers[t]; } }
+    var was = inView(el, frame.before, frame.action);
+    var is = inView(el, frame.after, frame.action);
+    if (was && !is) {
+      var gone = document.getElementById("interrupt-" + frame.interrupt_id);
+      if (gone) { gone.remove(); }
+      inbox.count = Math.max(0, inbox.count - 1);
+    } else if (is && frame.html) {
+      insertRow(el, frame.html);
+      if (!was) { inbox.count += 1; }
+    }
+    showCount(el);
+    // Rows were decided away from a longer list: fetch the next ones before it runs dry.
+    var listed = rows().children.length;
+    var limit = parseInt(el.dataset.limit || "200", 10);
+    if (inbox.count > listed && listed < limit / 2) { refetch(el); }
+  }
+
   document.addEventListener("htmx:wsBeforeMessage", function (evt) {
-    evt.preventDefault(); // frames are JSON hints, not HTML to swap
+    evt.preventDefault(); // frames are JSON, applied here, not HTML for htmx to swap
     var detail = {};
     try { detail = JSON.parse(evt.detail.message); } catch (e) { return; }
+    var el = section();
+    if (el && detail.event === "hello") { refetch(el); }
+    if (el && detail.seq) { apply(el, detail); }
     htmx.trigger(document.body, "grundlag:changed", detail);
     if (detail.event === "hello") { htmx.trigger(document.body, "grundlag:hello", detail); }
     if (detail.interrupt_id) { htmx.trigger(document.body, "grundlag:interrupt-" + detail.interrupt_id, detail); }
@@ -28,6 +151,10 @@
     if (run) { evt.detail.socketWrapper.send(JSON.stringify({watch_run: parseInt(run, 10)})); }
   });
   document.addEventListener("htmx:wsClose", function () { setLive("reconnecting", "reconnecting…"); });
+  document.addEventListener("DOMContentLoaded", function () {
+    var el = section();
+    if (el) { adopt(el); }
+  });
   // htmx does not swap error responses; say what went wrong instead of doing nothing.
   function flash(text) {
     var el = document.getElementById("flash");
@@ -39,19 +166,26 @@
     var xhr = evt.detail.xhr;
     var body = xhr.getResponseHeader("Content-Type") === "text/plain" ? xhr.responseText : "";
     flash(body || "The server answered " + xhr.status + ". Nothing was changed; please try again.");
+    if (evt.detail.target && evt.detail.target.id === "inbox") { inbox.loading = false; inbox.held = []; }
   });
-  document.addEventListener("htmx:sendError", function () {
+  document.addEventListener("htmx:sendError", function (evt) {
     flash("The server cannot be reached. Nothing was changed; please try again.");
+    if (evt.detail.target && evt.detail.target.id === "inbox") { inbox.loading = false; inbox.held = []; }
   });
   document.addEventListener("htmx:afterRequest", function (evt) {
     if (evt.detail.successful) { flash(""); }
   });
+  document.addEventListener("htmx:beforeRequest", function (evt) {
+    var target = evt.detail.target;
+    if (target && target.id === "inbox") { inbox.loading = true; }
+  });
   document.addEventListener("htmx:afterSwap", function (evt) {
-    var title = evt.detail.elt && evt.detail.elt.dataset ? evt.detail.elt.dataset.title : null;
-    if (!title) {
-      var inbox = document.getElementById("inbox");
-      title = inbox ? inbox.dataset.title : null;
+    var el = section();
+    if (el && evt.detail.target && (evt.detail.target === el || evt.detail.target.id === "inbox")) {
+      adopt(el);
+      return;
     }
+    var title = evt.detail.elt && evt.detail.elt.dataset ? evt.detail.elt.dataset.title : null;
     if (title) { document.title = title; }
   });
 })();

@@ -140,6 +140,22 @@ class Site:
         )
         return proc
 
+    def beat(self) -> subprocess.Popen[bytes]:
+        """Celery beat: the periodic sweeps and policy timers of the scaled setup."""
+        return self.spawn(
+            "beat",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "grundlag_site",
+            "beat",
+            "--schedule",
+            str(self.log_dir / "celerybeat-schedule"),
+            "--loglevel",
+            "INFO",
+        )
+
     def stop_all(self) -> None:
         for proc in self.processes:
             stop(proc)

@@ -109,16 +109,38 @@ def test_a_worker_killed_mid_step_delays_the_run_but_it_completes_exactly_once(s
         wait_for_status(api, run["id"], "running", timeout=20)
         time.sleep(1)  # inside the action, before its side effect
         stop(doomed, signal.SIGKILL)
+        killed = time.monotonic()
         assert site.effects("crash") == 0
 
         site.worker("survivor", concurrency=1)
-        # The sweeper (`manage.py sweep`, or Celery beat every minute) re-queues the step once
-        # its lease has run out; the broker redelivers the unacknowledged message too.
+        # The sweeper (Celery beat every GRUNDLAG_SWEEP_SECONDS; here `manage.py sweep`)
+        # re-queues the step once its lease, no longer renewed, has run out.
         detail = wait_for_status(api, run["id"], "completed", timeout=60, tick=lambda: site.manage("sweep"))
+        recovered = time.monotonic() - killed
     assert detail["output"] == {"done": "crash", "answer": {"ok": True}}
     assert site.effects("crash") == 1
     kinds = site.event_kinds(run["id"])
     assert kinds.count("completed") == 1 and kinds.count("requeued") >= 1
+    # The lease (6 s here), a sweep, and the 4 s step again: well within the 15 s bound.
+    assert recovered < 15, recovered
+
+
+def test_a_step_longer_than_its_lease_is_not_run_again_while_its_worker_lives(scaled_site: Site) -> None:
+    """The worker renews the lease of the step it is running (a heartbeat): a step of 8 s under
+    a lease of 2 s, swept all the while, with another worker idle and ready to take it."""
+    site = scaled_site
+    site.env["GRUNDLAG_STEP_LEASE_SECONDS"] = "2"
+    server = site.daphne()
+    site.worker("busy", concurrency=1)
+    site.worker("idle", concurrency=1)
+    run = start_effect(server, site.token, "long", seconds=8)
+    with server.client(site.token) as api:
+        api.post(f"/api/interrupts/{run['interrupt']['id']}/resume", json={"data": {"ok": True}})
+        wait_for_status(api, run["id"], "completed", timeout=60, tick=lambda: site.manage("sweep"))
+    kinds = site.event_kinds(run["id"])
+    assert "requeued" not in kinds, kinds
+    assert kinds.count("claimed") == 2  # the first step, and the one after approval: once each
+    assert site.effects("long") == 1
 
 
 def test_pending_interrupts_survive_stopping_every_web_and_worker_process(scaled_site: Site) -> None:
@@ -209,3 +231,30 @@ def test_an_idle_socket_over_channels_redis_stays_open_and_still_gets_pushes(sca
                     return frame
 
     assert asyncio.run(idle_then_receive())["status"] == "pending"
+
+
+def test_a_waiting_request_is_woken_across_processes_by_redis_not_by_its_fallback_poll(
+    scaled_site: Site,
+) -> None:
+    """The step runs in a Celery worker, the request waits in daphne: with the fallback poll
+    slower than the test's patience, only the push through Redis can wake it in time."""
+    site = scaled_site
+    site.env["GRUNDLAG_WAIT_POLL_SECONDS"] = "30"
+    web = site.daphne()
+    site.worker("w1")
+    with web.client(site.token) as api:
+        for key in ("wake-1", "wake-2", "wake-3"):
+            began = time.monotonic()
+            run = api.post(
+                "/api/runs",
+                json={"action": "counted_effect", "input": {"key": key, "seconds": 0}},
+                headers={"Prefer": "wait=25"},
+            ).json()
+            assert run["status"] == "interrupted", run
+            resumed = api.post(
+                f"/api/interrupts/{run['interrupt']['id']}/resume",
+                json={"data": {"ok": True}},
+                headers={"Prefer": "wait=25"},
+            ).json()
+            assert resumed["status"] == "completed", resumed
+            assert time.monotonic() - began < 5, "woken by the poll, not by the push"

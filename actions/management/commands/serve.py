@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -18,7 +19,6 @@ from actions.engine import steps
 
 logger = logging.getLogger("actions")
 
-SWEEP_EVERY_SECONDS = 60.0
 POLICY_EVERY_SECONDS = 15.0
 
 
@@ -66,20 +66,25 @@ class Command(BaseCommand):
 
 
 def sweep_periodically(stop: threading.Event) -> None:
-    """What Celery beat does in the scaled setup: recover stuck runs, fire due policies."""
-    ticks = 0
-    while not stop.wait(POLICY_EVERY_SECONDS):
-        ticks += 1
-        run_periodic_tick(sweep=ticks % int(SWEEP_EVERY_SECONDS / POLICY_EVERY_SECONDS) == 0)
+    """What Celery beat does in the scaled setup: recover stuck runs (every
+    GRUNDLAG_SWEEP_SECONDS), fire due policies (every POLICY_EVERY_SECONDS)."""
+    every = settings.GRUNDLAG_SWEEP_SECONDS
+    policies_due = time.monotonic() + POLICY_EVERY_SECONDS
+    while not stop.wait(every):
+        policies = time.monotonic() >= policies_due
+        if policies:
+            policies_due = time.monotonic() + POLICY_EVERY_SECONDS
+        run_periodic_tick(sweep=True, policies=policies)
 
 
-def run_periodic_tick(*, sweep: bool) -> None:
+def run_periodic_tick(*, sweep: bool, policies: bool = True) -> None:
     """One round of the periodic work, as a request would do it: a connection that died since
     the last round (a restarted PostgreSQL) is dropped first and opened anew, so one failure
     does not stop deadlines and sweeps until the process restarts."""
     close_old_connections()
     try:
-        engine.apply_policies()
+        if policies:
+            engine.apply_policies()
         if sweep:
             engine.sweep()
     except Exception:

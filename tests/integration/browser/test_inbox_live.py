@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
-from playwright.sync_api import Browser, expect
+from playwright.sync_api import Browser, Request, expect
 
-from tests.integration.browser.conftest import collect_dialogs, log_in
-from tests.integration.processes import Site, stop
+from tests.integration.browser.conftest import collect_dialogs, log_in, wait_live
+from tests.integration.processes import Server, Site, stop
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -130,3 +132,100 @@ def test_a_reviewer_whose_socket_dropped_catches_up_on_reconnect_without_reload(
     expect(reviewer.locator("#live")).to_have_attribute("data-state", "live", timeout=30_000)
     expect(reviewer.locator("#inbox")).to_contain_text("MISSED-1", timeout=20_000)
     assert reviewer.evaluate("window.notReloaded") is True
+
+
+START_INVOICES = (
+    "from actions import engine; from actions.models import Team; "
+    "[engine.start_run('send_invoice', {{'invoice_id': 'OLD-%d' % i, 'amount': 5}}, "
+    "Team.objects.get(slug='demo'), None) for i in range({count})]"
+)
+ISSUE_TOKEN = (
+    "from actions.models import ApiToken, Team; "
+    "print(ApiToken.issue(Team.objects.get(slug='{team}'), 'browser test')[1])"
+)
+
+
+def start_invoice(server: Server, token: str, invoice_id: str) -> None:
+    with server.client(token) as api:
+        run = api.post(
+            "/api/runs",
+            json={"action": "send_invoice", "input": {"invoice_id": invoice_id, "amount": 5}},
+            headers={"Prefer": "wait=20"},
+        ).json()
+    assert run["status"] == "interrupted", run
+
+
+def test_pushed_rows_are_applied_in_place_by_filter_and_a_missed_frame_is_refetched(
+    site: Site, browser: Browser
+) -> None:
+    """The page applies each frame (the row rendered once by the server) without asking the
+    server for its list; a filtered page leaves out what is not in its view; the count is of
+    every pending interrupt, beyond the rows listed; a frame missed (its number skips one)
+    makes the page fetch its list again."""
+    site.manage("migrate", "--noinput", "-v0")
+    site.manage("seed_demo")
+    site.manage(
+        "shell",
+        "-c",
+        "from django.contrib.auth.models import User; from actions.models import Team; "
+        "Team.objects.get(slug='payroll').members.add(User.objects.get(username='reviewer2'))",
+    )
+    demo = site.manage("shell", "-c", ISSUE_TOKEN.format(team="demo")).split()[-1]
+    payroll = site.manage("shell", "-c", ISSUE_TOKEN.format(team="payroll")).split()[-1]
+    # Queued with the server down: it runs them as it starts.
+    site.manage("shell", "-c", START_INVOICES.format(count=203))
+    server = site.serve()
+
+    everything = log_in(browser, server.url, "reviewer2")  # in both teams
+    filtered = log_in(browser, server.url, "reviewer1")
+    filtered.goto("/?action=transfer_funds")
+    wait_live(filtered)
+    pending = 203 + 6  # and the demo's six
+    expect(everything.locator("#inbox-count")).to_have_text(str(pending))
+    expect(everything.locator("#inbox tbody tr")).to_have_count(200)
+    expect(everything.locator("#inbox-shown")).to_contain_text("the newest 200 shown")
+    expect(filtered.locator("#inbox tbody tr")).to_have_count(1)
+    expect(filtered).to_have_title("(1) Inbox · Grundlag approvals")
+
+    fetches: list[tuple[str, str]] = []
+
+    def watch(name: str) -> Callable[[Request], None]:
+        def record(request: Request) -> None:
+            if request.resource_type in ("xhr", "fetch"):
+                fetches.append((name, urlsplit(request.url).path))
+
+        return record
+
+    for page in (everything, filtered):
+        page.wait_for_load_state("networkidle")  # the list fetched as the socket connected
+    everything.evaluate("window.notReloaded = true")
+    everything.on("request", watch("everything"))
+    filtered.on("request", watch("filtered"))
+
+    start_invoice(server, demo, "NEW-0")
+    expect(everything.locator("#inbox tbody tr").first).to_contain_text("NEW-0")
+    expect(everything.locator("#inbox-count")).to_have_text(str(pending + 1))
+    expect(everything.locator("#inbox tbody tr")).to_have_count(200)
+    # Another team's new approval, for the reviewer in both.
+    start_invoice(server, payroll, "PAY-0")
+    expect(everything.locator("#inbox tbody tr").first).to_contain_text("PAY-0")
+    expect(everything.locator("#inbox-count")).to_have_text(str(pending + 2))
+    # The filtered page's count and rows did not move.
+    expect(filtered).to_have_title("(1) Inbox · Grundlag approvals")
+    expect(filtered.locator("#inbox tbody tr")).to_have_count(1)
+    assert fetches == [], "frames are applied in place, not by fetching the list"
+
+    # A frame lost (as to a full channel): the team's stream moves on without one reaching pages.
+    site.manage(
+        "shell",
+        "-c",
+        "from actions.models import InboxStream, Team; from django.db.models import F; "
+        "InboxStream.objects.filter(team=Team.objects.get(slug='demo')).update(seq=F('seq') + 1)",
+    )
+    start_invoice(server, demo, "AFTER-GAP-0")
+    expect(everything.locator("#inbox tbody tr").first).to_contain_text("AFTER-GAP-0")
+    expect(everything.locator("#inbox-count")).to_have_text(str(pending + 3))
+    # Both pages saw the number skip one, and fetched their list again.
+    assert ("everything", "/") in fetches and ("filtered", "/") in fetches
+    expect(filtered.locator("#inbox tbody tr")).to_have_count(1)
+    assert everything.evaluate("window.notReloaded") is True

@@ -1,0 +1,108 @@
+"""Production's endpoints: /healthz (the process answers), /readyz (what it needs answers too)
+and /metrics (Prometheus, for the bearer of GRUNDLAG_METRICS_TOKEN only)."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from actions.models import Team
+
+logger = logging.getLogger(__name__)
+
+# Each dependency gets this long to answer before /readyz calls it down.
+CHECK_SECONDS = 2.0
+
+
+@require_GET
+def healthz(request: HttpRequest) -> HttpResponse:
+    """The process is up and serving: nothing else is asked, so a database outage does not make
+    an orchestrator restart every web process."""
+    return HttpResponse("ok\n", content_type="text/plain")
+
+
+def _database() -> None:
+    # A query, not a connect: a connection kept open (CONN_MAX_AGE) to a database that went away
+    # would pass a connect check.
+    Team.objects.exists()
+
+
+def _broker() -> None:
+    if settings.CELERY_BROKER_URL.startswith("memory://"):
+        return  # the embedded setup: steps run in this process's threads
+    import redis
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=CHECK_SECONDS)
+    try:
+        client.ping()
+    finally:
+        client.close()
+
+
+async def _channel_layer() -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        raise RuntimeError("no channel layer is configured")
+    await layer.group_send("grundlag-readyz", {"type": "readyz"})
+
+
+async def _check(name: str, probe: Any, *, own_thread: bool = False) -> tuple[str, str]:
+    try:
+        async with asyncio.timeout(CHECK_SECONDS):
+            if asyncio.iscoroutinefunction(probe):
+                await probe()
+            else:
+                # The database on the thread of the request's other database work (its
+                # connection is closed with the request's); the broker on one of its own.
+                await sync_to_async(probe, thread_sensitive=not own_thread)()
+    except Exception as exc:
+        logger.warning("readyz: %s is not answering: %r", name, exc)
+        return name, "unavailable"
+    return name, "ok"
+
+
+async def readyz(request: HttpRequest) -> HttpResponse:
+    """Ready to serve: the database, the broker and the channel layer answer. 503 naming what
+    does not (the reason goes to the log, not to whoever asks)."""
+    if request.method != "GET":
+        return HttpResponse(status=405, headers={"Allow": "GET"})
+    checks = dict(
+        await asyncio.gather(
+            _check("database", _database),
+            _check("broker", _broker, own_thread=True),
+            _check("channel_layer", _channel_layer),
+        )
+    )
+    ready = all(state == "ok" for state in checks.values())
+    return JsonResponse({"ready": ready, **checks}, status=200 if ready else 503)
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus's text format, for the bearer of GRUNDLAG_METRICS_TOKEN; 404 when no token is
+    set (the figures name teams and actions, so they are never public)."""
+    token = settings.GRUNDLAG_METRICS_TOKEN
+    if not token:
+        return HttpResponse(
+            "Metrics are off. Set GRUNDLAG_METRICS_TOKEN to serve them to its bearer.\n",
+            status=404,
+            content_type="text/plain",
+        )
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+        return HttpResponse(
+            "A bearer token is required (Authorization: Bearer <GRUNDLAG_METRICS_TOKEN>).\n",
+            status=401,
+            content_type="text/plain",
+            headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
+        )
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

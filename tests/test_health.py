@@ -1,0 +1,120 @@
+"""Production's endpoints: /healthz, /readyz and the access-controlled /metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from actions import engine, metrics
+from actions.models import Run, Team
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps")]
+
+TOKEN = "metrics-test-token-0123456789"
+
+
+def scrape(client: Client) -> str:
+    response = client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"].startswith("text/plain; version=")
+    return response.content.decode()
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """A sample's value from Prometheus's text format (0 when it is not there)."""
+    wanted = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        series, _, value = line.rpartition(" ")
+        metric, _, rest = series.partition("{")
+        found = ",".join(sorted(rest.rstrip("}").split(","))) if rest else ""
+        if metric == name and found == wanted:
+            return float(value)
+    return 0.0
+
+
+def test_healthz_answers_while_the_process_is_up(client: Client) -> None:
+    response = client.get("/healthz")
+    assert response.status_code == 200 and response.content == b"ok\n"
+
+
+def test_readyz_says_what_answers(client: Client) -> None:
+    response = client.get("/readyz")
+    assert response.status_code == 200
+    assert response.json() == {"ready": True, "database": "ok", "broker": "ok", "channel_layer": "ok"}
+
+
+def test_readyz_is_503_naming_a_broker_that_does_not_answer(client: Client, settings: Any) -> None:
+    from tests.integration.processes import free_port
+
+    settings.CELERY_BROKER_URL = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json() == {
+        "ready": False,
+        "database": "ok",
+        "broker": "unavailable",
+        "channel_layer": "ok",
+    }
+
+
+def test_metrics_are_off_without_a_token_and_refused_without_the_right_one(
+    client: Client, settings: Any, reviewer: User
+) -> None:
+    settings.GRUNDLAG_METRICS_TOKEN = ""
+    assert client.get("/metrics").status_code == 404
+    settings.GRUNDLAG_METRICS_TOKEN = TOKEN
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
+        response = client.get("/metrics", headers=headers)
+        assert response.status_code == 401 and response["WWW-Authenticate"].startswith("Bearer")
+        assert b"grundlag" not in response.content
+    # A logged-in reviewer (even staff) is no bearer of the token.
+    reviewer.is_staff = True
+    reviewer.save()
+    client.force_login(reviewer)
+    assert client.get("/metrics").status_code == 401
+
+
+def test_metrics_count_pending_decisions_steps_and_queue_wait(
+    client: Client, settings: Any, team: Team, reviewer: User
+) -> None:
+    settings.GRUNDLAG_METRICS_TOKEN = TOKEN
+    before = scrape(client)
+    runs = [
+        engine.start_run("send_invoice", {"invoice_id": f"M-{i}", "amount": 1}, team, reviewer)
+        for i in range(3)
+    ]
+    text = scrape(client)
+    assert sample(text, "grundlag_pending_interrupts", team=team.slug) == 3
+
+    first, second = (engine.pending_interrupts(run.pk)[0] for run in runs[:2])
+    engine.resume(first, {"approved": True}, reviewer)
+    engine.reject(second, "not this one", reviewer)
+    text = scrape(client)
+    assert sample(text, "grundlag_pending_interrupts", team=team.slug) == 1
+    for outcome in ("approved", "rejected"):
+        counted = sample(text, "grundlag_decisions_total", team=team.slug, outcome=outcome)
+        assert counted - sample(before, "grundlag_decisions_total", team=team.slug, outcome=outcome) == 1
+    decided = sample(text, "grundlag_time_to_decision_seconds_count", team=team.slug)
+    assert decided - sample(before, "grundlag_time_to_decision_seconds_count", team=team.slug) == 2
+    # Three steps that paused, one that completed after approval, one that ended on the rejection.
+    steps = sum(
+        sample(text, "grundlag_step_seconds_count", action="send_invoice", status=status)
+        - sample(before, "grundlag_step_seconds_count", action="send_invoice", status=status)
+        for status in ("interrupted", "completed", "rejected", "failed")
+    )
+    assert steps >= 4
+    assert Run.objects.get(pk=runs[0].pk).status == "completed"
+
+
+def test_open_sockets_and_push_fanout_are_figures(settings: Any) -> None:
+    from prometheus_client import REGISTRY, generate_latest
+
+    text = generate_latest(REGISTRY).decode()
+    assert "grundlag_open_sockets " in text and "grundlag_push_fanout_seconds_count " in text
+    assert "grundlag_queue_wait_seconds_count " in text
+    assert metrics.OPEN_SOCKETS is not None
