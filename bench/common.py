@@ -45,9 +45,9 @@ def served_site(
     log_dir: Path, database_url: str, *, scaled: bool, workers: int = 1, **env: str
 ) -> Iterator[tuple[Any, Any, str]]:
     """The app on ``database_url``, migrated and seeded (the demo team and its API token), served
-    as deployed: embedded (``manage.py serve``), or scaled (Redis, one daphne, one Celery worker
-    process; ``workers`` of them). Yields (site, server, token); prints the processes' logs if the benchmark fails,
-    and stops everything it started."""
+    as deployed: embedded (``manage.py serve``), or scaled (Redis, one daphne, and ``workers``
+    Celery worker processes). Yields (site, server, token); prints the processes' logs if the
+    benchmark fails, and stops everything it started."""
     from tests.integration.processes import Site, base_env
     from tests.integration.services import Redis
 

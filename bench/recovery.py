@@ -39,10 +39,17 @@ async def load(server: Any, token: str, stop: asyncio.Event) -> int:
     ) as api:
 
         async def one(n: int) -> None:
-            run = (await api.post("/api/runs", json={"action": "bench_pause", "input": {"n": n}},
-                                  headers={"Prefer": "wait=10"})).json()
+            run = (
+                await api.post(
+                    "/api/runs",
+                    json={"action": "bench_pause", "input": {"n": n}},
+                    headers={"Prefer": "wait=10"},
+                )
+            ).json()
             if run.get("interrupt"):
-                await api.post(f"/api/interrupts/{run['interrupt']['id']}/resume", json={"data": {"ok": True}})
+                await api.post(
+                    f"/api/interrupts/{run['interrupt']['id']}/resume", json={"data": {"ok": True}}
+                )
 
         while not stop.is_set():
             await asyncio.gather(one(done), one(done + 1))
@@ -50,7 +57,9 @@ async def load(server: Any, token: str, stop: asyncio.Event) -> int:
     return done
 
 
-def round_once(site: Any, server: Any, token: str, effects: Path, n: int, args: Any) -> tuple[list[float], int]:
+def round_once(
+    site: Any, server: Any, token: str, effects: Path, n: int, args: Any
+) -> tuple[list[float], int]:
     import httpx
 
     from tests.integration.processes import stop
