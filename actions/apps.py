@@ -11,11 +11,15 @@ class ActionsConfig(AppConfig):
     verbose_name = "Approvals"
 
     def ready(self) -> None:
+        from django.contrib.auth import get_user_model
+        from django.contrib.auth.signals import user_logged_out
+        from django.db.models import signals
+
         from actions import drivers, metrics
         from actions.drivers.agent import AgentDriver
         from actions.drivers.sandbox import SandboxDriver
         from actions.engine import journal
-        from actions.models import Run
+        from actions.models import Run, Team
         from actions.web import live, waiting
 
         # Runs of these consumers are stepped by their driver; every other runs a plain action.
@@ -24,6 +28,12 @@ class ActionsConfig(AppConfig):
         # The engine announces what changed, once it is committed; open pages hear of it.
         journal.team_changed.connect(live.on_team_changed, dispatch_uid="live-team")
         journal.run_changed.connect(live.on_run_changed, dispatch_uid="live-run")
+        # A socket re-checks its user's access as soon as it changes, not at its next check.
+        signals.m2m_changed.connect(
+            live.on_membership_changed, sender=Team.members.through, dispatch_uid="live-members"
+        )
+        signals.post_save.connect(live.on_user_saved, sender=get_user_model(), dispatch_uid="live-user")
+        user_logged_out.connect(live.on_logged_out, dispatch_uid="live-logout")
         # An API request waiting for a run (Prefer: wait) reads it again as soon as it changed.
         journal.run_changed.connect(waiting.on_run_changed, dispatch_uid="api-wait")
         # Production's figures (actions.metrics): the engine's signals, the database's counts.

@@ -11,6 +11,8 @@ Two kinds of figure:
 The embedded setup is one process: `/metrics` has all of them. In the scaled one each web
 process serves its own at `/metrics`, and each Celery worker its own on the address in
 GRUNDLAG_WORKER_METRICS_ADDR (host:port; off when empty), which Prometheus scrapes beside them.
+That listener has no token (prometheus-client's server): bind it to a private address. It
+serves step, queue and decision figures only, never the per-team counts.
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ def on_step_ran(
 
 
 _registered = False
+_pending = PendingCollector()
 
 
 def register() -> None:
@@ -127,7 +130,7 @@ def register() -> None:
         return
     from actions.engine import journal
 
-    REGISTRY.register(PendingCollector())
+    REGISTRY.register(_pending)
     journal.team_changed.connect(on_team_changed, dispatch_uid="metrics-decisions")
     journal.step_ran.connect(on_step_ran, dispatch_uid="metrics-steps")
     _registered = True
@@ -140,6 +143,9 @@ def serve_worker_metrics(**kwargs: Any) -> None:
     address = settings.GRUNDLAG_WORKER_METRICS_ADDR
     if not address:
         return
+    # A worker's own figures only: the database's (pending per team) are the web processes',
+    # behind their token, and each scrape of them would cost this worker queries.
+    REGISTRY.unregister(_pending)
     host, _, port = address.rpartition(":")
     try:
         start_http_server(int(port), addr=host or "127.0.0.1")

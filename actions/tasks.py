@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import shared_task
 
 from actions import engine
 
+# A message header: when a step's message was sent (epoch seconds, as text: headers are
+# strings), for the queue-wait figure.
+# A header, not an argument, so workers and senders of different versions understand each other.
+QUEUED_AT = "grundlag_queued_at"
 
-@shared_task(name="actions.tasks.run_step")
-def run_step(run_id: int, queued_at: float | None = None) -> None:
-    """``queued_at``: when the message was sent (epoch seconds), for the queue-wait figure.
-    Optional, so messages sent by an earlier version still run."""
-    engine.execute_step(run_id, queued_at)
+
+@shared_task(name="actions.tasks.run_step", bind=True)
+def run_step(self: Any, run_id: int) -> None:
+    request = self.request
+    # A worker sees a message's headers as the request's attributes; Task.apply, as its headers.
+    queued_at = getattr(request, QUEUED_AT, None) or (getattr(request, "headers", None) or {}).get(QUEUED_AT)
+    try:
+        sent = float(queued_at) if queued_at is not None else None
+    except (TypeError, ValueError):
+        sent = None  # not ours to trust: the figure goes without it
+    engine.execute_step(run_id, sent)
 
 
 @shared_task(name="actions.tasks.sweep")

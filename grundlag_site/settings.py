@@ -252,6 +252,9 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_WORKER_CONCURRENCY = envint("WORKER_CONCURRENCY", "4", minimum=1)
+# Threads, not forked children: steps wait on the database and on other systems, and the
+# heartbeat and the worker's metrics (actions.metrics) live in the process that runs them.
+CELERY_WORKER_POOL = "threads"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Longer than the longest step: Redis redelivers an unacknowledged message after this.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envint("STEP_VISIBILITY_TIMEOUT", "3600")}
@@ -263,11 +266,16 @@ GRUNDLAG_ACTION_MODULES = envlist("GRUNDLAG_ACTION_MODULES", "actions.examples")
 # so a step may take as long as it needs; a step whose worker died is found by the sweeper
 # once its lease has run out, and re-queued. Short, so that takes seconds, not minutes.
 GRUNDLAG_STEP_LEASE_SECONDS = envint("GRUNDLAG_STEP_LEASE_SECONDS", "9", minimum=1)
+# A step running longer than this stops having its lease renewed: stuck for good, it is
+# re-queued, and fails its run after GRUNDLAG_MAX_STEP_REQUEUES.
+GRUNDLAG_MAX_STEP_SECONDS = envint("GRUNDLAG_MAX_STEP_SECONDS", "3600", minimum=1)
 # How often the sweeper looks for such steps (Celery beat in the scaled setup, a thread of
 # `manage.py serve` in the embedded one).
 GRUNDLAG_SWEEP_SECONDS = envfloat("GRUNDLAG_SWEEP_SECONDS", "3", minimum=0.5)
 # A step queued this long without being claimed is presumed to have lost its message (a broker
-# restart without persistence) and is sent again; a duplicate message claims nothing.
+# restart without persistence) and is sent again; a duplicate message claims nothing. Each
+# queued step is sent again at most once per grace: where a backlog longer than this is normal,
+# raise it, or the broker carries a duplicate per waiting step every grace.
 GRUNDLAG_QUEUED_GRACE_SECONDS = envint("GRUNDLAG_QUEUED_GRACE_SECONDS", "10", minimum=1)
 CELERY_BEAT_SCHEDULE = {
     "sweep-stuck-runs": {"task": "actions.tasks.sweep", "schedule": GRUNDLAG_SWEEP_SECONDS},

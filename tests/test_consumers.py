@@ -191,6 +191,33 @@ async def test_removal_from_a_team_stops_its_pushes_without_a_reconnect(
     await communicator.disconnect()
 
 
+async def test_a_change_of_access_reaches_open_sockets_at_once_not_at_their_next_check(
+    team: Team, reviewer: User, settings: Any
+) -> None:
+    """With the periodic re-check an hour away, removal from the team, deactivation and logout
+    each act on the user's open sockets within a second."""
+    settings.GRUNDLAG_SOCKET_RECHECK_SECONDS = 3600
+    client, cookie = await session_cookie(reviewer)
+    removed = await connect_with_session(cookie)
+    await database_sync_to_async(team.members.remove)(reviewer)
+    assert await removed.receive_json_from(timeout=1) == {"event": "hello", "teams": 0}
+    await start_invoice(team)
+    assert await removed.receive_nothing(timeout=0.5), "no row of a team left"
+    await database_sync_to_async(team.members.add)(reviewer)
+    assert await removed.receive_json_from(timeout=1) == {"event": "hello", "teams": 1}
+
+    logged_out = await connect_with_session(cookie)
+    await database_sync_to_async(client.logout)()
+    for communicator in (removed, logged_out):
+        assert await communicator.receive_output(timeout=1) == {"type": "websocket.close", "code": 4401}
+
+    _, cookie = await session_cookie(reviewer)
+    deactivated = await connect_with_session(cookie)
+    reviewer.is_active = False
+    await reviewer.asave()  # as the admin's "active" box does
+    assert await deactivated.receive_output(timeout=1) == {"type": "websocket.close", "code": 4401}
+
+
 async def test_a_run_page_socket_stops_hearing_the_run_when_its_user_leaves_the_team(
     team: Team, reviewer: User, settings: Any
 ) -> None:

@@ -106,11 +106,12 @@ def test_without_a_pool_a_step_goes_to_celery(
     from actions import tasks
 
     settings.GRUNDLAG_INLINE_STEPS = False
-    sent: list[tuple[int, float]] = []
-    monkeypatch.setattr(tasks.run_step, "delay", lambda run_id, queued_at: sent.append((run_id, queued_at)))
+    sent: list[tuple[tuple[int, ...], dict[str, Any]]] = []
+    monkeypatch.setattr(tasks.run_step, "apply_async", lambda args, headers: sent.append((args, headers)))
     run = engine.start_run("send_invoice", {"invoice_id": "E-2", "amount": 2}, team, reviewer)
-    assert [run_id for run_id, _ in sent] == [run.pk] and Run.objects.get(pk=run.pk).status == "queued"
-    assert 0 <= time.time() - sent[0][1] < 5  # when it was sent, for the queue-wait figure
+    assert [args for args, _ in sent] == [(run.pk,)] and Run.objects.get(pk=run.pk).status == "queued"
+    # When it was sent, for the queue-wait figure: a header, which workers of any version accept.
+    assert 0 <= time.time() - float(sent[0][1][tasks.QUEUED_AT]) < 5
 
 
 async def test_a_waiting_api_request_answers_as_soon_as_the_run_changes_not_at_its_next_poll(
@@ -185,3 +186,26 @@ def test_the_heartbeat_renews_only_the_leases_this_process_still_holds(team: Tea
     assert mine.lease_expires_at is not None and mine.lease_expires_at > timezone.now()
     assert taken_over.lease_expires_at == past
     assert steps.renew_leases() == 0  # let go: nothing held, nothing renewed
+
+
+def test_a_step_stuck_beyond_the_longest_a_step_may_take_is_no_longer_renewed(
+    team: Team, settings: Any
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from actions.engine import steps
+
+    settings.GRUNDLAG_MAX_STEP_SECONDS = 1
+    past = timezone.now() - timedelta(seconds=5)
+    stuck = Run.objects.create(
+        action="send_invoice", input={}, team=team, status="running", attempt=1, lease_expires_at=past
+    )
+    steps._hold(stuck)
+    try:
+        assert steps.renew_leases() == 1
+        time.sleep(1.1)
+        assert steps.renew_leases() == 0  # its lease runs out; the sweeper re-queues it
+    finally:
+        steps._let_go(stuck)

@@ -16,6 +16,13 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 TOKEN = "metrics-test-token-0123456789"
 
 
+@pytest.fixture(autouse=True)
+def fresh_readiness(monkeypatch: pytest.MonkeyPatch) -> None:
+    from actions.web import health
+
+    monkeypatch.setattr(health, "_last_check", None)  # each test checks anew
+
+
 def scrape(client: Client) -> str:
     response = client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
     assert response.status_code == 200, response.content
@@ -80,7 +87,7 @@ def test_metrics_are_off_without_a_token_and_refused_without_the_right_one(
 
 
 def test_metrics_count_pending_decisions_steps_and_queue_wait(
-    client: Client, settings: Any, team: Team, reviewer: User
+    client: Client, settings: Any, team: Team, reviewer: User, steps: str
 ) -> None:
     settings.GRUNDLAG_METRICS_TOKEN = TOKEN
     before = scrape(client)
@@ -102,13 +109,18 @@ def test_metrics_count_pending_decisions_steps_and_queue_wait(
     decided = sample(text, "grundlag_time_to_decision_seconds_count", team=team.slug)
     assert decided - sample(before, "grundlag_time_to_decision_seconds_count", team=team.slug) == 2
     # Three steps that paused, one that completed after approval, one that ended on the rejection.
-    steps = sum(
+    counted_steps = sum(
         sample(text, "grundlag_step_seconds_count", action="send_invoice", status=status)
         - sample(before, "grundlag_step_seconds_count", action="send_invoice", status=status)
         for status in ("interrupted", "completed", "rejected", "failed")
     )
-    assert steps >= 4
+    assert counted_steps >= 4
     assert Run.objects.get(pk=runs[0].pk).status == "completed"
+    # Queued and claimed by a worker: how long each waited (inline steps are never queued).
+    waited = sample(text, "grundlag_queue_wait_seconds_count") - sample(
+        before, "grundlag_queue_wait_seconds_count"
+    )
+    assert waited == (4 if steps == "worker" else 0)
 
 
 def test_open_sockets_and_push_fanout_are_figures(settings: Any) -> None:

@@ -56,9 +56,11 @@ def sweep(*, all_unfinished: bool = False) -> int:
                     push_run_status(Run(pk=run_id, team_id=team_id), Status.FAILED)
                 continue
             # Conditional on the attempt: a worker that reports back meanwhile keeps its result.
-            requeued = Run.objects.filter(pk=run_id, status=Status.RUNNING, attempt=attempt).update(
-                status=Status.QUEUED, updated_at=now, lease_expires_at=None
-            )
+            still_dead = Run.objects.filter(pk=run_id, status=Status.RUNNING, attempt=attempt)
+            if not all_unfinished:
+                # A heartbeat that renewed the lease since it was read keeps the step its own.
+                still_dead = still_dead.filter(lease_expires_at__lt=now)
+            requeued = still_dead.update(status=Status.QUEUED, updated_at=now, lease_expires_at=None)
             if requeued:
                 log(run_id, RunEvent.Kind.REQUEUED, None, reason="lease expired", attempt=attempt)
                 enqueue(run_id)

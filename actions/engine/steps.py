@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connections, transaction
+from django.db import close_old_connections, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
@@ -63,9 +63,11 @@ def lease_from(now: datetime) -> datetime:
 
 # The heartbeat. A lease is short (GRUNDLAG_STEP_LEASE_SECONDS), so that the sweeper finds a
 # step whose worker died soon; a step that takes longer keeps its lease because its process,
-# while it is alive, renews it every third of the lease. A process that dies stops renewing,
-# and its steps' leases run out.
-_held: dict[int, int] = {}  # run id -> attempt: the steps this process is running
+# while it is alive, renews it every third of the lease, up to GRUNDLAG_MAX_STEP_SECONDS (a step
+# stuck for good, say on a call without a timeout, then loses it and is re-queued, and after
+# GRUNDLAG_MAX_STEP_REQUEUES fails its run). A process that dies stops renewing, and its steps'
+# leases run out.
+_held: dict[int, tuple[int, float]] = {}  # run id -> (attempt, when it began): steps running here
 _held_lock = threading.Lock()
 _heartbeat: threading.Thread | None = None
 
@@ -73,7 +75,7 @@ _heartbeat: threading.Thread | None = None
 def _hold(run: Run) -> None:
     global _heartbeat
     with _held_lock:
-        _held[run.pk] = run.attempt
+        _held[run.pk] = (run.attempt, time.monotonic())
         if _heartbeat is None or not _heartbeat.is_alive():
             _heartbeat = threading.Thread(target=_beat, name="grundlag-heartbeat", daemon=True)
             _heartbeat.start()
@@ -81,7 +83,7 @@ def _hold(run: Run) -> None:
 
 def _let_go(run: Run) -> None:
     with _held_lock:
-        if _held.get(run.pk) == run.attempt:
+        if _held.get(run.pk, (None,))[0] == run.attempt:
             del _held[run.pk]
 
 
@@ -89,12 +91,26 @@ def renew_leases() -> int:
     """Renew the lease of every step this process is running; how many were renewed. A lease
     taken over meanwhile (the sweeper re-queued the step) is left alone: the conditional
     record of this attempt will fail, and the new attempt's holder owns the run."""
+    limit = time.monotonic() - settings.GRUNDLAG_MAX_STEP_SECONDS
     with _held_lock:
-        held = dict(_held)
+        held = {run_id: attempt for run_id, (attempt, began) in _held.items() if began > limit}
+        overdue = [run_id for run_id, (_, began) in _held.items() if began <= limit]
+    for run_id in overdue:
+        logger.warning(
+            "run %s: its step has run longer than GRUNDLAG_MAX_STEP_SECONDS; its lease is no longer renewed",
+            run_id,
+        )
     if not held:
         return 0
-    now = timezone.now()
-    return store.renew_leases(held, lease_from(now))
+    renewed = store.renew_leases(held, lease_from(timezone.now()))
+    if renewed < len(held):
+        logger.warning(
+            "%s of %s running steps lost their lease (re-queued by the sweeper after a stall);"
+            " their results will not be recorded",
+            len(held) - renewed,
+            len(held),
+        )
+    return renewed
 
 
 def _beat() -> None:
@@ -105,7 +121,7 @@ def _beat() -> None:
         except Exception:
             logger.warning("could not renew step leases; trying again", exc_info=True)
         finally:
-            connections.close_all()  # this thread's: a beat holds no connection between beats
+            close_old_connections()  # this thread's, past CONN_MAX_AGE or broken
 
 
 # The embedded setup (`manage.py serve` with no broker) is its own worker: a step goes to one
@@ -122,11 +138,11 @@ def run_steps_in(pool: Executor | None) -> None:
 
 
 def _run_step_here(run_id: int, queued_at: float) -> None:
-    from actions.tasks import run_step
+    from actions.tasks import QUEUED_AT, run_step
 
     close_old_connections()
     try:
-        run_step(run_id, queued_at)
+        run_step.apply((run_id,), headers={QUEUED_AT: str(queued_at)}, throw=True)
     except Exception:
         logger.exception("step of run %s failed; the sweeper will retry it", run_id)
     finally:
@@ -151,10 +167,10 @@ def enqueue(run_id: int) -> None:
         return
 
     def send() -> None:
-        from actions.tasks import run_step
+        from actions.tasks import QUEUED_AT, run_step
 
         try:
-            run_step.delay(run_id, time.time())
+            run_step.apply_async((run_id,), headers={QUEUED_AT: str(time.time())})
         except Exception:
             # The run is committed as queued; the sweeper enqueues it again. Nothing is lost.
             logger.exception("could not enqueue run %s; the sweeper will retry", run_id)

@@ -503,15 +503,28 @@ def advance_streams(counts: dict[int, int]) -> dict[int, int]:
 @contextmanager
 def snapshot() -> Iterator[None]:
     """Reads that see one moment of the database: a page's rows and the stream numbers they
-    are as of. SQLite's read transactions are snapshots; PostgreSQL's need REPEATABLE READ
-    (Read Committed takes a new snapshot per statement). Inside a transaction already open,
-    that transaction's isolation holds."""
+    are as of. On SQLite a deferred read transaction is a snapshot (and, unlike the IMMEDIATE
+    ones the engine writes in, takes no write lock: a thousand pages refetching wait for no
+    writer, and no writer for them). On PostgreSQL, REPEATABLE READ (Read Committed takes a new
+    snapshot per statement). Inside a transaction already open, that transaction holds."""
     from django.db import transaction
 
     connection = _db()
-    outermost = not connection.in_atomic_block
+    if connection.in_atomic_block:
+        yield
+        return
+    if connection.vendor == "sqlite":
+        connection.ensure_connection()
+        with connection.cursor() as cursor:
+            cursor.execute("BEGIN DEFERRED")
+        try:
+            yield
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("COMMIT")  # read only: nothing to keep or lose
+        return
     with transaction.atomic():
-        if outermost and connection.vendor == "postgresql":
+        if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         yield

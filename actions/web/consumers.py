@@ -37,6 +37,7 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
     watcher: asyncio.Task[None] | None = None
     watched_run: int | None = None
     counted = False  # in the open-sockets figure
+    user_group: str | None = None
 
     async def connect(self) -> None:
         self.groups_joined = []
@@ -48,6 +49,9 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
         if isinstance(self.channel_layer, InMemoryChannelLayer):
             live.bind_loop(asyncio.get_running_loop())
         await self.join(await self.team_groups())
+        # Told at once when the user's access changes (actions.web.live.recheck_sockets_of).
+        await self.channel_layer.group_add(live.user_group(user.pk), self.channel_name)
+        self.user_group = live.user_group(user.pk)
         await self.accept()
         self.counted = True
         metrics.OPEN_SOCKETS.inc()
@@ -64,6 +68,9 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
             self.watcher.cancel()
             self.watcher = None
         groups = list(getattr(self, "groups_joined", []))
+        if self.user_group is not None:
+            groups.append(self.user_group)
+            self.user_group = None
         if self.watched_run is not None:
             groups.append(live.run_group(self.watched_run))
             self.watched_run = None
@@ -85,22 +92,37 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
 
     async def watch(self) -> None:
         """A socket outlives the request that opened it: re-check, now and then, that its user
-        is still logged in, active and in the same teams."""
+        is still logged in, active and in the same teams (and at once when told a change of
+        these was saved: socket_recheck)."""
         while True:
             await asyncio.sleep(settings.GRUNDLAG_SOCKET_RECHECK_SECONDS)
-            if not await self.still_allowed():
-                await self.close(code=NOT_AUTHENTICATED)
+            if not await self.recheck():
                 return
-            groups = await self.team_groups()
-            changed = set(groups) != set(self.groups_joined)
-            await self.join(groups)
-            if self.watched_run is not None and not await self.may_see_run(self.watched_run):
-                # Removed from the run's team: its frames stop with the right to see it.
-                await self.channel_layer.group_discard(live.run_group(self.watched_run), self.channel_name)
-                self.watched_run = None
-                await self.send_json({"event": "watching", "run_id": None})
-            if changed:
-                await self.send_json({"event": "hello", "teams": len(groups)})
+
+    async def socket_recheck(self, message: dict[str, Any]) -> None:
+        session = self.scope.get("session")
+        ended = message.get("ended_session")
+        if ended and session is not None and session.session_key == ended:
+            await self.close(code=NOT_AUTHENTICATED)
+            return
+        await self.recheck()
+
+    async def recheck(self) -> bool:
+        """Close the socket, or move it to the user's teams now; False once closed."""
+        if not await self.still_allowed():
+            await self.close(code=NOT_AUTHENTICATED)
+            return False
+        groups = await self.team_groups()
+        changed = set(groups) != set(self.groups_joined)
+        await self.join(groups)
+        if self.watched_run is not None and not await self.may_see_run(self.watched_run):
+            # Removed from the run's team: its frames stop with the right to see it.
+            await self.channel_layer.group_discard(live.run_group(self.watched_run), self.channel_name)
+            self.watched_run = None
+            await self.send_json({"event": "watching", "run_id": None})
+        if changed:
+            await self.send_json({"event": "hello", "teams": len(groups)})
+        return True
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if bytes_data is not None or text_data is None or len(text_data) > MAX_FRAME_BYTES:

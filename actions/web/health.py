@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import inspect
 import logging
+import time
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -21,6 +23,20 @@ logger = logging.getLogger(__name__)
 
 # Each dependency gets this long to answer before /readyz calls it down.
 CHECK_SECONDS = 2.0
+# /readyz answers from its last check for this long: probes from every orchestrator (or anyone,
+# it is open) cost at most one check per second per process.
+READY_FOR_SECONDS = 1.0
+_last_check: tuple[float, dict[str, str]] | None = None
+_locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
+
+
+def _checking() -> asyncio.Lock:
+    """One check at a time per event loop: the probes that arrive meanwhile share its answer."""
+    loop = asyncio.get_running_loop()
+    if loop not in _locks:
+        _locks.clear()  # a loop gone (tests start one per test) takes its lock with it
+        _locks[loop] = asyncio.Lock()
+    return _locks[loop]
 
 
 @require_GET
@@ -58,7 +74,7 @@ async def _channel_layer() -> None:
 async def _check(name: str, probe: Any, *, own_thread: bool = False) -> tuple[str, str]:
     try:
         async with asyncio.timeout(CHECK_SECONDS):
-            if asyncio.iscoroutinefunction(probe):
+            if inspect.iscoroutinefunction(probe):
                 await probe()
             else:
                 # The database on the thread of the request's other database work (its
@@ -73,15 +89,18 @@ async def _check(name: str, probe: Any, *, own_thread: bool = False) -> tuple[st
 async def readyz(request: HttpRequest) -> HttpResponse:
     """Ready to serve: the database, the broker and the channel layer answer. 503 naming what
     does not (the reason goes to the log, not to whoever asks)."""
+    global _last_check
     if request.method != "GET":
         return HttpResponse(status=405, headers={"Allow": "GET"})
-    checks = dict(
-        await asyncio.gather(
-            _check("database", _database),
-            _check("broker", _broker, own_thread=True),
-            _check("channel_layer", _channel_layer),
-        )
-    )
+    async with _checking():
+        if _last_check is None or time.monotonic() - _last_check[0] > READY_FOR_SECONDS:
+            results = await asyncio.gather(
+                _check("database", _database),
+                _check("broker", _broker, own_thread=True),
+                _check("channel_layer", _channel_layer),
+            )
+            _last_check = (time.monotonic(), dict(results))
+        checks = _last_check[1]
     ready = all(state == "ok" for state in checks.values())
     return JsonResponse({"ready": ready, **checks}, status=200 if ready else 503)
 

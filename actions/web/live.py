@@ -20,6 +20,7 @@ import uuid
 from typing import Any
 
 from channels.layers import InMemoryChannelLayer, get_channel_layer
+from django.db import transaction
 from django.db.models import Count, Q
 from django.template.loader import render_to_string
 
@@ -112,6 +113,54 @@ def notify_inboxes(changes: list[InboxChange]) -> None:
         groups = [team_group(team) for team in change.team_ids]
         _send_to([*groups, run_group(change.run_id)], frame)
     metrics.PUSH_FANOUT.observe(time.perf_counter() - began)
+
+
+def user_group(user_id: int) -> str:
+    """Every socket of one user: told to re-check its access when that changes."""
+    return f"user-{user_id}"
+
+
+def recheck_sockets_of(user_ids: list[int], *, ended_session: str | None = None) -> None:
+    """Once the transaction commits, have the users' open sockets re-check their session, their
+    activity and their teams at once, rather than at their next periodic check: a member removed
+    from a team stops receiving its rows now. Never raises."""
+
+    def send() -> None:
+        if not _anyone_listening():
+            return
+        for user_id in user_ids:
+            try:
+                _group_send(user_group(user_id), {"type": "socket.recheck", "ended_session": ended_session})
+            except Exception:
+                logger.warning("could not tell user %s's sockets to re-check", user_id, exc_info=True)
+
+    transaction.on_commit(send, robust=True)
+
+
+def on_membership_changed(
+    sender: Any, *, instance: Any, action: str, reverse: bool, pk_set: set[int] | None, **kwargs: Any
+) -> None:
+    """Team.members changed (m2m_changed): the users added or removed re-check."""
+    if action == "pre_clear":
+        # Whose membership a clear() ends is known only before it.
+        users = [instance.pk] if reverse else list(instance.members.values_list("pk", flat=True))
+        recheck_sockets_of(users)
+    elif action in ("post_add", "post_remove"):
+        recheck_sockets_of([instance.pk] if reverse else sorted(pk_set or ()))
+
+
+def on_user_saved(sender: Any, *, instance: Any, created: bool, **kwargs: Any) -> None:
+    """A user saved inactive (the admin's "active" box) has their sockets closed now."""
+    if not created and not instance.is_active:
+        recheck_sockets_of([instance.pk])
+
+
+def on_logged_out(sender: Any, *, request: Any, user: Any, **kwargs: Any) -> None:
+    """Logged out: the sockets of that session close now (the session is flushed just after
+    this signal, so they are named rather than left to find it gone)."""
+    if user is not None:
+        session = getattr(request, "session", None)
+        recheck_sockets_of([user.pk], ended_session=getattr(session, "session_key", None))
 
 
 def notify_run(team_id: int, run_id: int, status: str, *, finished: bool) -> None:

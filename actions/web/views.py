@@ -103,7 +103,9 @@ def inbox(request: AuthenticatedRequest) -> HttpResponse:
         "limit": INBOX_LIMIT,
         "stream_seq": json.dumps({str(t.pk): seq.get(t.pk, 0) for t in teams}),
         "team_ids": ",".join(str(t.pk) for t in teams),
-        "filter_team_id": shown[0].pk if team_slug and shown else "",
+        # A team the user is not in shows nothing, and live.js adds nothing to it: "none" is
+        # no team's id.
+        "filter_team_id": (shown[0].pk if shown else "none") if team_slug else "",
         "team_slug": team_slug,
         "action_name": action_name,
         "action_names": sorted({a.name for a in registry.all()}),

@@ -25,6 +25,9 @@ from actions.web import live
 
 logger = logging.getLogger(__name__)
 
+# How long joining a run's group may take before the request waits by polling instead.
+JOIN_SECONDS = 1.0
+
 _waiters: dict[int, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
 _lock = threading.Lock()
 
@@ -44,10 +47,11 @@ async def changes_of(run_id: int) -> AsyncIterator[asyncio.Event]:
     """An event set whenever the run changes while the block runs (clear it before reading).
     Joined before the block starts, so a change after the block's first read is never missed."""
     entry = (asyncio.get_running_loop(), asyncio.Event())
+    listener = None
     with _lock:
         _waiters.setdefault(run_id, set()).add(entry)
-    listening = await _listen_across_processes(run_id, entry[1])
     try:
+        listener = await _Listener.joined(run_id)
         yield entry[1]
     finally:
         with _lock:
@@ -56,39 +60,75 @@ async def changes_of(run_id: int) -> AsyncIterator[asyncio.Event]:
                 waiting.discard(entry)
                 if not waiting:
                     del _waiters[run_id]
-        if listening is not None:
-            await listening()
+        if listener is not None:
+            await listener.leave(run_id)
 
 
-async def _listen_across_processes(run_id: int, event: asyncio.Event) -> Any:
-    """With a shared channel layer (Redis), join the run's group; returns how to leave it. None
-    with the in-memory layer (which reaches only this process, where the signal already does)
-    or when the layer cannot be reached (the poll then covers it)."""
-    layer = get_channel_layer()
-    if layer is None or isinstance(layer, InMemoryChannelLayer):
-        return None
-    group = live.run_group(run_id)
-    try:
-        channel = await layer.new_channel()
-        await layer.group_add(group, channel)
-    except Exception:
-        logger.warning("cannot join %s; waiting by polling", group, exc_info=True)
-        return None
+class _Listener:
+    """With a shared channel layer (Redis), this process's ear for the runs its requests wait
+    on: one channel, in the groups of those runs (each joined once, however many wait on it),
+    and one task that wakes the waiters of the run a message names. One channel for all, so a
+    message that arrives just as the last waiter leaves lands in a buffer that is read, not in
+    one left behind."""
 
-    async def receive() -> None:
-        while True:
-            await layer.receive(channel)
-            event.set()
+    _current: _Listener | None = None
 
-    receiver = asyncio.create_task(receive())
+    def __init__(self, layer: Any, channel: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.layer, self.channel, self.loop = layer, channel, loop
+        self.members: dict[int, int] = {}  # run id -> waiters in this process
+        self.receiver = loop.create_task(self.receive())
 
-    async def leave() -> None:
-        receiver.cancel()
-        with contextlib.suppress(BaseException):
-            await receiver
+    @classmethod
+    async def joined(cls, run_id: int) -> _Listener | None:
+        """The listener, in the run's group. None with the in-memory layer (it reaches only this
+        process, where the engine's signal already does) or when the layer cannot be reached
+        (the poll then covers it)."""
+        layer = get_channel_layer()
+        if layer is None or isinstance(layer, InMemoryChannelLayer):
+            return None
+        loop = asyncio.get_running_loop()
         try:
-            await layer.group_discard(group, channel)
+            listener = cls._current
+            if listener is None or listener.loop is not loop or listener.receiver.done():
+                listener = cls._current = cls(layer, await layer.new_channel(), loop)
         except Exception:
-            logger.warning("could not leave %s; it expires on its own", group, exc_info=True)
+            logger.warning("cannot listen for run %s; waiting by polling", run_id, exc_info=True)
+            return None
+        listener.members[run_id] = listener.members.get(run_id, 0) + 1
+        if listener.members[run_id] == 1:
+            try:
+                # Bounded: an unreachable Redis must not hold the request past its wait.
+                async with asyncio.timeout(JOIN_SECONDS):
+                    await layer.group_add(live.run_group(run_id), listener.channel)
+            except BaseException as exc:
+                listener.members.pop(run_id, None)
+                if not isinstance(exc, Exception):
+                    raise  # cancelled: the request went away
+                logger.warning("cannot listen for run %s; waiting by polling", run_id, exc_info=True)
+                return None
+        return listener
 
-    return leave
+    async def leave(self, run_id: int) -> None:
+        left = self.members.get(run_id, 0) - 1
+        if left > 0:
+            self.members[run_id] = left
+            return
+        self.members.pop(run_id, None)
+        try:
+            await self.layer.group_discard(live.run_group(run_id), self.channel)
+        except Exception:
+            logger.warning("could not leave the group of run %s; it expires", run_id, exc_info=True)
+
+    async def receive(self) -> None:
+        while True:
+            try:
+                message = await self.layer.receive(self.channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.warning("waiting requests' channel failed; they poll meanwhile", exc_info=True)
+                await asyncio.sleep(1)
+                continue
+            run_id = message.get("run_id")
+            if isinstance(run_id, int):
+                on_run_changed(None, run_id=run_id)

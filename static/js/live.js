@@ -26,6 +26,8 @@
     count: 0,
     loading: false,  // a fetch is in flight: frames wait for it in `held`
     held: [],
+    early: [],       // frames whose predecessors have not arrived yet
+    gapTimer: null,
   };
 
   function section() { return document.getElementById("inbox"); }
@@ -36,10 +38,12 @@
     try { inbox.last = JSON.parse(el.dataset.seq || "{}"); } catch (e) { inbox.last = {}; }
     inbox.count = parseInt(el.dataset.count || "0", 10);
     inbox.loading = false;
-    var held = inbox.held;
+    retryMs = 1000;
+    var held = inbox.held.concat(inbox.early);
     inbox.held = [];
+    inbox.early = [];
     showCount(el);
-    for (var i = 0; i < held.length; i++) { apply(el, held[i]); }
+    for (var i = 0; i < held.length; i++) { accept(el, held[i]); }
   }
 
   function refetch(el) {
@@ -97,24 +101,59 @@
     document.title = "(" + inbox.count + ") " + (el.dataset.title || document.title);
   }
 
-  function apply(el, frame) {
-    if (inbox.last === null) { adopt(el); }
-    if (inbox.loading) { inbox.held.push(frame); return; }
-    // Only the streams of the user's teams count; a frame reaches a page through one of them.
+  // Where a frame stands against the list: "old" (reflected already), "next" (each of the
+  // user's streams it is in moves on by one), or "early" (a number in between has not come).
+  function standing(el, frame) {
     var mine = (el.dataset.teams || "").split(",");
-    var fresh = false;
-    var numbers = {};
+    var next = false;
     for (var team in frame.seq) {
       if (!Object.prototype.hasOwnProperty.call(frame.seq, team) || mine.indexOf(team) < 0) { continue; }
       var have = inbox.last[team] || 0;
       var n = frame.seq[team];
-      if (n <= have) { continue; } // the list already reflects it
-      if (n !== have + 1) { refetch(el); return; } // one was missed: start again from the server
-      numbers[team] = n;
-      fresh = true;
+      if (n <= have) { continue; }
+      if (n !== have + 1) { return "early"; }
+      next = true;
     }
-    if (!fresh) { return; }
-    for (var t in numbers) { if (Object.prototype.hasOwnProperty.call(numbers, t)) { inbox.last[t] = numbers[t]; } }
+    return next ? "next" : "old";
+  }
+
+  // Numbers follow the commits, but frames from different threads or processes may overtake
+  // each other: an early frame waits a moment for the ones before it; if they do not come (one
+  // was lost), the list is fetched again, a little later on each page so they do not all ask
+  // at once.
+  var GAP_WAIT_MS = 400;
+
+  function accept(el, frame) {
+    if (inbox.last === null) { adopt(el); }
+    if (inbox.loading) { inbox.held.push(frame); return; }
+    inbox.early.push(frame);
+    var progress = true;
+    while (progress) {
+      progress = false;
+      for (var i = 0; i < inbox.early.length; i++) {
+        var state = standing(el, inbox.early[i]);
+        if (state === "early") { continue; }
+        var ready = inbox.early.splice(i, 1)[0];
+        if (state === "next") { apply(el, ready); }
+        progress = true;
+        break;
+      }
+    }
+    if (inbox.early.length && !inbox.gapTimer) {
+      inbox.gapTimer = setTimeout(function () {
+        inbox.gapTimer = null;
+        if (inbox.early.length) { inbox.early = []; refetch(el); }
+      }, GAP_WAIT_MS + Math.random() * GAP_WAIT_MS);
+    }
+  }
+
+  function apply(el, frame) {
+    var mine = (el.dataset.teams || "").split(",");
+    for (var team in frame.seq) {
+      if (Object.prototype.hasOwnProperty.call(frame.seq, team) && mine.indexOf(team) >= 0) {
+        inbox.last[team] = Math.max(inbox.last[team] || 0, frame.seq[team]);
+      }
+    }
     var was = inView(el, frame.before, frame.action);
     var is = inView(el, frame.after, frame.action);
     if (was && !is) {
@@ -132,13 +171,26 @@
     if (inbox.count > listed && listed < limit / 2) { refetch(el); }
   }
 
+  // A fetch of the list that failed is tried again, later each time, up to half a minute.
+  var retryMs = 1000;
+  function fetchFailed(evt) {
+    var target = evt.detail.target;
+    if (!target || target.id !== "inbox") { return; }
+    inbox.loading = false;
+    inbox.held = [];
+    var el = section();
+    if (!el) { return; }
+    setTimeout(function () { refetch(section() || el); }, retryMs);
+    retryMs = Math.min(retryMs * 2, 30000);
+  }
+
   document.addEventListener("htmx:wsBeforeMessage", function (evt) {
     evt.preventDefault(); // frames are JSON, applied here, not HTML for htmx to swap
     var detail = {};
     try { detail = JSON.parse(evt.detail.message); } catch (e) { return; }
     var el = section();
     if (el && detail.event === "hello") { refetch(el); }
-    if (el && detail.seq) { apply(el, detail); }
+    if (el && detail.seq) { accept(el, detail); }
     htmx.trigger(document.body, "grundlag:changed", detail);
     if (detail.event === "hello") { htmx.trigger(document.body, "grundlag:hello", detail); }
     if (detail.interrupt_id) { htmx.trigger(document.body, "grundlag:interrupt-" + detail.interrupt_id, detail); }
@@ -166,12 +218,14 @@
     var xhr = evt.detail.xhr;
     var body = xhr.getResponseHeader("Content-Type") === "text/plain" ? xhr.responseText : "";
     flash(body || "The server answered " + xhr.status + ". Nothing was changed; please try again.");
-    if (evt.detail.target && evt.detail.target.id === "inbox") { inbox.loading = false; inbox.held = []; }
+    fetchFailed(evt);
   });
   document.addEventListener("htmx:sendError", function (evt) {
     flash("The server cannot be reached. Nothing was changed; please try again.");
-    if (evt.detail.target && evt.detail.target.id === "inbox") { inbox.loading = false; inbox.held = []; }
+    fetchFailed(evt);
   });
+  document.addEventListener("htmx:timeout", fetchFailed);
+  document.addEventListener("htmx:sendAbort", fetchFailed);
   document.addEventListener("htmx:afterRequest", function (evt) {
     if (evt.detail.successful) { flash(""); }
   });
