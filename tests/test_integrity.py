@@ -419,8 +419,10 @@ def test_cancelling_a_run_tells_the_inbox_of_the_team_it_escalated_to(
     run = engine.start_run("send_invoice", {"invoice_id": "S", "amount": 1}, team, None)
     (interrupt,) = engine.pending_interrupts(run.pk)
     engine.apply_policies(now=timezone.now() + timedelta(minutes=2))
+    live._renderer.submit(lambda: None).result()  # what the escalation pushed has gone
     pushed.clear()
     engine.cancel(run, reviewer)
+    live._renderer.submit(lambda: None).result()  # rendered and sent in the push thread
     told = [(groups, frame) for groups, frame in pushed if frame["event"] == "decided"]
     assert len(told) == 1
     groups, frame = told[0]

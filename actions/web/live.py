@@ -17,10 +17,11 @@ import logging
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from channels.layers import InMemoryChannelLayer, get_channel_layer
-from django.db import transaction
+from django.db import close_old_connections, transaction
 from django.db.models import Count, Q
 from django.template.loader import render_to_string
 
@@ -170,9 +171,28 @@ def notify_run(team_id: int, run_id: int, status: str, *, finished: bool) -> Non
     _send_to(groups, {"event": "run", "run_id": run_id, "status": status})
 
 
+# Rendering a change's row reads the database and a template: done in a thread of its own, so
+# the thread that committed (a step, a decision's request) goes on at once, and the run's
+# status, which a waiting API caller wants, is not sent after it. One thread: frames leave in
+# the order of the commits that made them.
+_renderer = ThreadPoolExecutor(1, thread_name_prefix="grundlag-push")
+
+
 def on_team_changed(sender: Any, *, changes: list[InboxChange], **kwargs: Any) -> None:
     """The engine's team_changed signal (actions.engine.journal)."""
-    notify_inboxes(changes)
+    if not _anyone_listening():
+        return
+    try:
+        _renderer.submit(_notify_from_renderer, changes)
+    except RuntimeError:  # the interpreter is shutting down
+        notify_inboxes(changes)
+
+
+def _notify_from_renderer(changes: list[InboxChange]) -> None:
+    try:
+        notify_inboxes(changes)
+    finally:
+        close_old_connections()
 
 
 def on_run_changed(
