@@ -169,7 +169,10 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
         if key in self.recent:
             return
         self.recent.append(key)
-        await self.send_json({key: value for key, value in event.items() if key != "type"})
+        if isinstance(event.get("text"), str):
+            await self.send(text_data=event["text"])  # encoded once by the sender
+        else:  # a frame from an earlier version, during a rolling deploy
+            await self.send_json({key: value for key, value in event.items() if key != "type"})
 
     @database_sync_to_async
     def team_groups(self) -> list[str]:
