@@ -323,10 +323,10 @@ def get_interrupt(token: ApiToken, interrupt_id: int) -> Interrupt:
 
 # Waiting: `Prefer: wait=N` (RFC 7240) holds the response until the run settles.
 
-# How soon a waiting request reads the run again when no signal came (both the in-process
-# signal and the channel layer's push were lost): first after a quarter of
-# settings.GRUNDLAG_WAIT_POLL_SECONDS, then twice as long each time, up to all of it. A
-# fallback, not the way a waiter wakes.
+# How soon a waiting request reads the run again when no signal came (a change made in another
+# process): first after WAIT_FIRST_POLL_SECONDS, then twice as long each time, up to
+# settings.GRUNDLAG_WAIT_POLL_SECONDS.
+WAIT_FIRST_POLL_SECONDS = 0.01
 
 _WAIT = re.compile(r"\bwait\s*=\s*(\d+)", re.IGNORECASE)
 
@@ -349,7 +349,7 @@ async def settled_response(request: HttpRequest, run_id: int) -> Status[dict[str
     if wait > 0:
         deadline = time.monotonic() + wait
         longest = settings.GRUNDLAG_WAIT_POLL_SECONDS
-        delay = longest / 4
+        delay = min(WAIT_FIRST_POLL_SECONDS, longest)
         async with waiting.changes_of(run_id) as changed:
             while True:
                 changed.clear()  # before reading: a change after the read sets it again
