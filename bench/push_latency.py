@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import resource
 import statistics
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import percentile, served_site  # noqa: E402
+from bench.common import percentile, raise_file_limit, served_site  # noqa: E402
 from tests.integration.processes import Server  # noqa: E402
 
 MAKE_SESSIONS = """
@@ -125,8 +124,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--setups", default="embedded,channels-redis")
     args = parser.parse_args()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))  # inherited by the servers
+    raise_file_limit()
     sizes = [int(size) for size in args.sizes.split(",")]
     print(f"Push latency, commit to frame at every client ({args.rounds} runs per size)")
     print("Goal: p99 under 50 ms at N=100; web RSS under 250 MB at N=1000")

@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import re
-import resource
 import statistics
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import percentile, served_site  # noqa: E402
+from bench.common import percentile, raise_file_limit, served_site  # noqa: E402
 from bench.push_latency import MAKE_SESSIONS  # noqa: E402
 
 MISSED_AFTER = 30.0
@@ -258,8 +257,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--setups", default="embedded,scaled")
     args = parser.parse_args()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))  # inherited by the servers
+    raise_file_limit()
     sizes = [int(size) for size in args.sizes.split(",")]
     pendings = [int(p) for p in args.pending.split(",")]
     print(f"Row visible: API call that starts a run -> its row in every page ({args.rounds} runs each)")

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Dialog, Page, sync_playwright
 
+from tests.integration.processes import Server
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -55,3 +57,15 @@ def collect_dialogs(page: Page) -> list[str]:
 
     page.on("dialog", record)
     return dialogs
+
+
+def start_invoice(server: Server, token: str, invoice_id: str) -> int:
+    """Start a run of send_invoice through the API, waiting until it has paused; its interrupt."""
+    with server.client(token) as api:
+        run = api.post(
+            "/api/runs",
+            json={"action": "send_invoice", "input": {"invoice_id": invoice_id, "amount": 1}},
+            headers={"Prefer": "wait=20"},
+        ).json()
+    assert run["status"] == "interrupted", run
+    return int(run["interrupt"]["id"])

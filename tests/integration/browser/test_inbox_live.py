@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import Browser, Request, expect
 
-from tests.integration.browser.conftest import collect_dialogs, log_in, wait_live
-from tests.integration.processes import Server, Site, stop
+from tests.integration.browser.conftest import collect_dialogs, log_in, start_invoice, wait_live
+from tests.integration.processes import Site, stop
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -143,16 +143,6 @@ ISSUE_TOKEN = (
     "from actions.models import ApiToken, Team; "
     "print(ApiToken.issue(Team.objects.get(slug='{team}'), 'browser test')[1])"
 )
-
-
-def start_invoice(server: Server, token: str, invoice_id: str) -> None:
-    with server.client(token) as api:
-        run = api.post(
-            "/api/runs",
-            json={"action": "send_invoice", "input": {"invoice_id": invoice_id, "amount": 5}},
-            headers={"Prefer": "wait=20"},
-        ).json()
-    assert run["status"] == "interrupted", run
 
 
 def test_pushed_rows_are_applied_in_place_by_filter_and_a_missed_frame_is_refetched(

@@ -6,21 +6,10 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Browser, expect
 
-from tests.integration.browser.conftest import log_in
-from tests.integration.processes import Server, Site
+from tests.integration.browser.conftest import log_in, start_invoice
+from tests.integration.processes import Site
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
-
-
-def start_invoice(server: Server, token: str, invoice_id: str) -> int:
-    with server.client(token) as api:
-        run = api.post(
-            "/api/runs",
-            json={"action": "send_invoice", "input": {"invoice_id": invoice_id, "amount": 1}},
-            headers={"Prefer": "wait=20"},
-        ).json()
-    assert run["status"] == "interrupted", run
-    return int(run["interrupt"]["id"])
 
 
 def test_pushes_cross_processes_and_survive_a_redis_restart(scaled_site: Site, browser: Browser) -> None:
