@@ -323,10 +323,13 @@ def get_interrupt(token: ApiToken, interrupt_id: int) -> Interrupt:
 
 # Waiting: `Prefer: wait=N` (RFC 7240) holds the response until the run settles.
 
-# How soon a waiting request reads the run again when no signal came (a change made in another
-# process): first after WAIT_FIRST_POLL_SECONDS, then twice as long each time, up to
-# settings.GRUNDLAG_WAIT_POLL_SECONDS.
-WAIT_FIRST_POLL_SECONDS = 0.01
+# How soon a waiting request reads the run again when nothing woke it. While every change of a
+# run wakes its waiters here (actions.web.waiting.covers_all_changes), that is a fallback for a
+# lost wake-up, after settings.GRUNDLAG_WAIT_POLL_SECONDS. While a change may not (another
+# process changes the run on a database without notifications, or the listener is
+# reconnecting), the poll is how the change is found: after the first of these, then twice as
+# long each time, up to the second.
+FAST_POLL_SECONDS = (0.01, 0.1)
 
 _WAIT = re.compile(r"\bwait\s*=\s*(\d+)", re.IGNORECASE)
 
@@ -342,14 +345,13 @@ async def settled_response(request: HttpRequest, run_id: int) -> Status[dict[str
     """Wait for the run to settle (asynchronously, on an event), then describe it.
 
     Callers wait on the database row, the truth, not on a task result or a push: a signal that
-    the run changed (actions.web.waiting: the engine's, in this process; the channel layer's,
-    from another) says when to read it again. Were both lost, it is read again anyway, every
-    WAIT_POLL_SECONDS at most."""
+    the run changed (actions.web.waiting: the engine's, in this process; PostgreSQL's
+    notification, from any) says when to read it again. Were it lost, it is read again anyway
+    (FAST_POLL_SECONDS)."""
     wait = requested_wait(request)
     if wait > 0:
         deadline = time.monotonic() + wait
-        longest = settings.GRUNDLAG_WAIT_POLL_SECONDS
-        delay = min(WAIT_FIRST_POLL_SECONDS, longest)
+        fast = FAST_POLL_SECONDS[0]
         async with waiting.changes_of(run_id) as changed:
             while True:
                 changed.clear()  # before reading: a change after the read sets it again
@@ -357,10 +359,13 @@ async def settled_response(request: HttpRequest, run_id: int) -> Status[dict[str
                 remaining = deadline - time.monotonic()
                 if status in Run.SETTLED or remaining <= 0:
                     break
+                if waiting.covers_all_changes():
+                    delay = settings.GRUNDLAG_WAIT_POLL_SECONDS
+                else:
+                    delay, fast = fast, min(fast * 2, FAST_POLL_SECONDS[1])
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(min(delay, remaining)):
                         await changed.wait()
-                delay = min(delay * 2, longest)
 
     def describe() -> Status[dict[str, Any]]:
         run = Run.objects.get(pk=run_id)

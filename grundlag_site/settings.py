@@ -291,10 +291,10 @@ GRUNDLAG_MAX_PAYLOAD_BYTES = envint("GRUNDLAG_MAX_PAYLOAD_BYTES", str(256 * 1024
 # A request carries at most one payload plus its envelope.
 DATA_UPLOAD_MAX_MEMORY_SIZE = GRUNDLAG_MAX_PAYLOAD_BYTES + 64 * 1024
 GRUNDLAG_MAX_WAIT_SECONDS = 30
-# A request waiting with `Prefer: wait` is woken by the run's change in this process; a change
-# made in another (a worker of the scaled setup) it finds by reading the run again, at first
-# after 10 ms, then twice as long each time, up to this.
-GRUNDLAG_WAIT_POLL_SECONDS = envfloat("GRUNDLAG_WAIT_POLL_SECONDS", "0.1", minimum=0.01)
+# A request waiting with `Prefer: wait` is woken by the run's change (the engine's signal in
+# this process; PostgreSQL's NOTIFY from any). Should that be lost, it reads the run again
+# after this long (actions.api.FAST_POLL_SECONDS while a change may not wake it).
+GRUNDLAG_WAIT_POLL_SECONDS = envfloat("GRUNDLAG_WAIT_POLL_SECONDS", "1.0", minimum=0.05)
 # Production's view (actions.metrics). /metrics answers only a bearer of this token (it is off,
 # 404, without one); /healthz and /readyz are open and say nothing but up / ready. A Celery
 # worker serves its own metrics on GRUNDLAG_WORKER_METRICS_ADDR (host:port; off when empty).

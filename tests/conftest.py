@@ -133,6 +133,9 @@ def database(request: pytest.FixtureRequest) -> Iterator[str]:
     try:
         yield POSTGRESQL
     finally:
+        from actions.web import waiting
+
+        waiting.stop_listening()  # its connection would keep the test database from being dropped
         connections[DEFAULT_DB_ALIAS] = default
         connections.settings[DEFAULT_DB_ALIAS] = default_settings
 

@@ -232,8 +232,11 @@ def test_a_claim_is_taken_once_so_a_duplicate_delivery_runs_nothing(team: Team, 
 
 @pytest.mark.parametrize("steps", ["inline"], indirect=True)
 def test_inline_steps_run_in_the_callers_process_and_claim_as_they_queue(
-    team: Team, reviewer: User, no_worker: None, commits: list[int]
+    team: Team, reviewer: User, no_worker: None, commits: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from actions import metrics
+
+    monkeypatch.setattr(metrics, "_slugs", {})  # a team of an earlier test may have had this id
     with CaptureQueriesContext(connection) as queries:
         run = engine.start_run("send_invoice", {"invoice_id": "INV-7", "amount": 3.0}, team, reviewer)
         (interrupt,) = engine.pending_interrupts(run.pk)
@@ -251,10 +254,13 @@ def test_inline_steps_run_in_the_callers_process_and_claim_as_they_queue(
     statements = [query["sql"] for query in queries if not query["sql"].startswith(("BEGIN", "COMMIT"))]
     # One checks the reviewer's membership; the pause and the decision each number their
     # change in the team's inbox stream; the metrics learn the team's name (once per team and
-    # process); PostgreSQL also locks the run for the decision. No page is connected, so no
-    # frame is rendered.
-    expected = 17 + (1 if connection.features.has_select_for_update else 0)
+    # process); PostgreSQL also locks the run for the decision, and each transaction NOTIFYs the
+    # run's change once (for the requests waiting on it in other processes). No page is
+    # connected, so no frame is rendered.
+    postgresql = connection.vendor == "postgresql"
+    expected = 17 + (1 if connection.features.has_select_for_update else 0) + (4 if postgresql else 0)
     assert len(statements) == expected, "\n".join(statements)
+    assert sum("pg_notify" in sql for sql in statements) == (4 if postgresql else 0)
     events = connection.ops.quote_name(RunEvent._meta.db_table)
     assert sum(sql.startswith(f"INSERT INTO {events}") for sql in statements) == 4
 

@@ -57,6 +57,7 @@ class InboxChange:
 class _Journal:
     events: list[list[Any]] = field(default_factory=list)
     changes: list[InboxChange] = field(default_factory=list)
+    runs_changed: dict[int, None] = field(default_factory=dict)  # ids, in order, once each
 
 
 # What the transaction open in atomic() writes besides its rows, written as it ends.
@@ -66,8 +67,9 @@ _journal: ContextVar[_Journal | None] = ContextVar("grundlag_journal", default=N
 @contextmanager
 def atomic() -> Iterator[None]:
     """``transaction.atomic()`` whose audit events are written in one INSERT, as it ends, whose
-    inbox changes are numbered in their teams' streams, and whose engine statements share a
-    cursor."""
+    inbox changes are numbered in their teams' streams, whose changed runs are announced to
+    other processes in one statement (PostgreSQL's NOTIFY, delivered on commit), and whose
+    engine statements share a cursor."""
     journal = _Journal()
     with transaction.atomic(), store.one_cursor():
         token = _journal.set(journal)
@@ -77,6 +79,8 @@ def atomic() -> Iterator[None]:
             # Reset before the commit: steps that run after it (inline) keep their own.
             _journal.reset(token)
         store.insert_events(journal.events)
+        if journal.runs_changed:
+            store.notify_runs_changed(list(journal.runs_changed))
         if journal.changes:
             _number(journal.changes)
 
@@ -165,6 +169,11 @@ def inbox_changed(
 def push_run_status(run: Run, status: str) -> None:
     """Announce the run's new status, once this transaction commits."""
     finished = status in Run.FINISHED
+    journal = _journal.get()
+    if journal is not None:
+        journal.runs_changed[run.pk] = None
+    else:
+        store.notify_runs_changed([run.pk])
     transaction.on_commit(
         lambda: run_changed.send(Run, team_id=run.team_id, run_id=run.pk, status=status, finished=finished),
         robust=True,

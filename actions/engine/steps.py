@@ -137,6 +137,11 @@ def run_steps_in(pool: Executor | None) -> None:
     _pool = pool
 
 
+def runs_here() -> bool:
+    """Whether this process runs the steps it queues (inline, or in its embedded pool)."""
+    return inline() or _pool is not None
+
+
 def _run_step_here(run_id: int, queued_at: float) -> None:
     from actions.tasks import QUEUED_AT, run_step
 

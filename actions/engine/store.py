@@ -540,3 +540,23 @@ def renew_leases(held: dict[int, int], lease_expires_at: datetime) -> int:
         + ")",
         [lease_expires_at, Run.Status.RUNNING, *[value for pair in pairs for value in pair]],
     )
+
+
+# The channel on which PostgreSQL announces, as the transaction that changed a run commits, the
+# run's id (actions.web.waiting listens, to wake the requests waiting on it in any process).
+RUN_CHANGED_CHANNEL = "grundlag_run_changed"
+
+
+def notify_runs_changed(run_ids: list[int]) -> None:
+    """In the open transaction: have PostgreSQL tell its listeners that these runs changed,
+    when (and only if) the transaction commits; one statement. Nothing on other databases:
+    there the engine's in-process signal is the only wake-up (the embedded setup is one
+    process)."""
+    connection = _db()
+    if connection.vendor != "postgresql" or not run_ids:
+        return
+    with _cursor(connection) as cursor:
+        cursor.execute(
+            "SELECT pg_notify(%s, run_id::text) FROM unnest(%s::bigint[]) AS run_id",
+            [RUN_CHANGED_CHANNEL, run_ids],
+        )

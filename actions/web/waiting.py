@@ -1,19 +1,42 @@
-"""`Prefer: wait` without polling: an API request waiting for a run to settle is woken by the
-engine's run_changed signal (sent after commit in the process that made the change), then
-reads the row, which stays the truth. A change made in another process (a Celery worker of the
-scaled setup) sends no signal here: the waiter's timeout is then the poll that finds it.
+"""`Prefer: wait` without polling: an API request waiting for a run to settle is woken when the
+run changes, then reads the row, which stays the truth.
 
-A wake-up across processes through the channel layer was tried (joining the run's group on
-Redis pub/sub) and taken out: in one CI run it missed every push, and why is not known yet."""
+- A change made in this process (the embedded server's steps, a decision through this server)
+  sends the engine's run_changed signal here, after commit.
+- On PostgreSQL, every change of a run's status also NOTIFYs the run's id in the transaction
+  that makes it (actions.engine.store.notify_runs_changed): the database delivers it as that
+  transaction commits, and never if it rolls back. One connection per web process LISTENs
+  (``_Listener``) and wakes the requests waiting on that run, whichever process made the
+  change (a Celery worker of the scaled setup, another daphne).
+
+Should a wake-up be lost, the waiter's timeout is a poll that still finds the change: slow
+(settings.GRUNDLAG_WAIT_POLL_SECONDS) while every change reaches this process, fast while one
+may not (``covers_all_changes``: the listener is down, or another process may run the step
+on a database without it).
+
+A wake-up through the channel layer (Redis pub/sub) was tried first and taken out: in one CI
+run it missed every push, for a reason never found. NOTIFY is the database's own, transactional,
+and needs nothing but the connection the engine already has."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from actions.engine import steps, store
+
+logger = logging.getLogger(__name__)
+
+# The listening connection's name in PostgreSQL (pg_stat_activity.application_name).
+APPLICATION_NAME = "grundlag-listen"
 
 _waiters: dict[int, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
 _lock = threading.Lock()
@@ -21,8 +44,18 @@ _lock = threading.Lock()
 
 def on_run_changed(sender: Any, *, run_id: int, **kwargs: Any) -> None:
     """The engine's run_changed signal, from whichever thread committed the change."""
+    _wake(_waiters_of([run_id]))
+
+
+def _waiters_of(run_ids: Iterable[int] | None) -> list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]:
+    """The waiters on these runs (None: on any run)."""
     with _lock:
-        waiters = list(_waiters.get(run_id, ()))
+        if run_ids is None:
+            return [entry for entries in _waiters.values() for entry in entries]
+        return [entry for run_id in run_ids for entry in _waiters.get(run_id, ())]
+
+
+def _wake(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]) -> None:
     for loop, event in waiters:
         # A closed loop (the server is stopping) has nobody waiting any more.
         with contextlib.suppress(RuntimeError):
@@ -33,6 +66,7 @@ def on_run_changed(sender: Any, *, run_id: int, **kwargs: Any) -> None:
 async def changes_of(run_id: int) -> AsyncIterator[asyncio.Event]:
     """An event set whenever the run changes while the block runs (clear it before reading).
     Joined before the block starts, so a change after the block's first read is never missed."""
+    listen()
     entry = (asyncio.get_running_loop(), asyncio.Event())
     with _lock:
         _waiters.setdefault(run_id, set()).add(entry)
@@ -45,3 +79,105 @@ async def changes_of(run_id: int) -> AsyncIterator[asyncio.Event]:
                 waiting.discard(entry)
                 if not waiting:
                     del _waiters[run_id]
+
+
+def listen() -> None:
+    """On PostgreSQL, start listening for run changes, if this process does not already (the
+    ASGI application calls it as it starts, so the first waiting request finds it listening)."""
+    _Listener.ensure_started()
+
+
+def stop_listening() -> None:
+    """Close the listening connection (a test's database is then free to be dropped)."""
+    _Listener.stop()
+
+
+def covers_all_changes() -> bool:
+    """Whether every change of a run wakes its waiters here: the database's notifications are
+    being listened to, or (on a database without them) the steps run in this process."""
+    if _Listener.wanted():
+        return _Listener.listening.is_set()
+    return steps.runs_here()
+
+
+class _Listener:
+    """This process's LISTEN connection to PostgreSQL, in a daemon thread of its own: it wakes
+    the waiters of each run the database names. Reconnects with backoff when the connection
+    fails, and wakes every waiter when it (re)connects: what was notified meanwhile is lost, so
+    each reads its run again."""
+
+    # Set while the connection is listening; the waiters poll slowly only then.
+    listening = threading.Event()
+    # How long the connection may sit silent before it is checked with a statement (a dead peer
+    # otherwise goes unnoticed); the longest wait between attempts to reconnect.
+    KEEPALIVE_SECONDS = 30.0
+    MAX_BACKOFF_SECONDS = 10.0
+    STOP_CHECK_SECONDS = 0.5
+
+    _stopping = threading.Event()
+
+    _thread: threading.Thread | None = None
+    _start_lock = threading.Lock()
+
+    @staticmethod
+    def wanted() -> bool:
+        return bool(connections[DEFAULT_DB_ALIAS].vendor == "postgresql")
+
+    @classmethod
+    def ensure_started(cls) -> None:
+        if cls._thread is not None and cls._thread.is_alive():
+            return
+        if not cls.wanted():
+            return
+        with cls._start_lock:
+            if cls._thread is None or not cls._thread.is_alive():
+                cls._thread = threading.Thread(target=cls._run, name="grundlag-listen", daemon=True)
+                cls._thread.start()
+
+    @classmethod
+    def stop(cls) -> None:
+        with cls._start_lock:
+            thread, cls._thread = cls._thread, None
+            if thread is None:
+                return
+            cls._stopping.set()
+            thread.join()
+            cls._stopping.clear()
+
+    @classmethod
+    def _run(cls) -> None:
+        import psycopg
+
+        backoff = 0.5
+        while cls.wanted() and not cls._stopping.is_set():
+            try:
+                params = {
+                    **connections[DEFAULT_DB_ALIAS].get_connection_params(),
+                    "application_name": APPLICATION_NAME,  # in pg_stat_activity
+                    "autocommit": True,
+                }
+                with psycopg.Connection.connect(**params) as conn:
+                    conn.execute(f"LISTEN {store.RUN_CHANGED_CHANNEL}")
+                    cls.listening.set()
+                    _wake(_waiters_of(None))  # whatever changed before this LISTEN
+                    backoff = 0.5
+                    checked = time.monotonic()
+                    while not cls._stopping.is_set():
+                        for note in conn.notifies(timeout=cls.STOP_CHECK_SECONDS):
+                            with contextlib.suppress(ValueError):
+                                _wake(_waiters_of([int(note.payload)]))
+                        if time.monotonic() - checked > cls.KEEPALIVE_SECONDS:
+                            conn.execute("SELECT 1")
+                            checked = time.monotonic()
+                    return
+            except Exception:
+                logger.warning(
+                    "not listening for run changes (waiting requests poll meanwhile); reconnecting in %.1f s",
+                    backoff,
+                    exc_info=True,
+                )
+            finally:
+                cls.listening.clear()
+                _wake(_waiters_of(None))  # they poll fast until the connection is back
+            cls._stopping.wait(backoff)
+            backoff = min(backoff * 2, cls.MAX_BACKOFF_SECONDS)

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.processes import Server, Site, logged_in_reviewer, stop
+from tests.integration.processes import Server, Site, logged_in_reviewer, stop, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -231,3 +231,33 @@ def test_an_idle_socket_over_channels_redis_stays_open_and_still_gets_pushes(sca
                     return frame
 
     assert asyncio.run(idle_then_receive())["status"] == "pending"
+
+
+def test_a_waiting_request_is_woken_across_processes_by_postgresql_not_by_its_fallback_poll(
+    scaled_site: Site,
+) -> None:
+    """The step runs in a Celery worker, the request waits in daphne: with the fallback poll
+    slower than the test's patience, only PostgreSQL's notification can wake it in time."""
+    site = scaled_site
+    site.env["GRUNDLAG_WAIT_POLL_SECONDS"] = "30"
+    web = site.daphne()
+    site.worker("w1")
+    # The web process listens from its start (before it, a waiter polls fast: not what is tested).
+    listening = "SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = 'grundlag-listen'"
+    wait_for(lambda: site.sql(listening)[0][0] == 1, what="daphne listening")
+    with web.client(site.token) as api:
+        for key in ("wake-1", "wake-2", "wake-3"):
+            began = time.monotonic()
+            run = api.post(
+                "/api/runs",
+                json={"action": "counted_effect", "input": {"key": key, "seconds": 0}},
+                headers={"Prefer": "wait=25"},
+            ).json()
+            assert run["status"] == "interrupted", run
+            resumed = api.post(
+                f"/api/interrupts/{run['interrupt']['id']}/resume",
+                json={"data": {"ok": True}},
+                headers={"Prefer": "wait=25"},
+            ).json()
+            assert resumed["status"] == "completed", resumed
+            assert time.monotonic() - began < 5, "woken by the poll, not by the notification"
