@@ -261,8 +261,12 @@ def interrupt_out(request: HttpRequest, it: Interrupt) -> dict[str, Any]:
 
 
 def run_out(request: HttpRequest, run: Run, *, transcript: bool = False) -> dict[str, Any]:
-    interrupts = list(run.interrupts.order_by("seq").prefetch_related("approvals__user"))
-    pending = next((it for it in interrupts if it.status == Interrupt.Status.PENDING), None)
+    if transcript:
+        interrupts = list(run.interrupts.order_by("seq").prefetch_related("approvals__user"))
+        pending = next((it for it in interrupts if it.status == Interrupt.Status.PENDING), None)
+    else:  # the one it waits on, without its checkpoint (never shown) or the rest
+        waiting_on = run.interrupts.filter(status=Interrupt.Status.PENDING).defer("state")
+        pending = waiting_on.order_by("seq").first()
     body: dict[str, Any] = {
         "id": run.pk,
         "action": run.action,
@@ -349,15 +353,16 @@ async def settled_response(request: HttpRequest, run_id: int) -> Status[dict[str
     notification, from any) says when to read it again. Were it lost, it is read again anyway
     (FAST_POLL_SECONDS)."""
     wait = requested_wait(request)
+    run: Run | None = None
     if wait > 0:
         deadline = time.monotonic() + wait
         fast = FAST_POLL_SECONDS[0]
         async with waiting.changes_of(run_id) as changed:
             while True:
                 changed.clear()  # before reading: a change after the read sets it again
-                status = await Run.objects.filter(pk=run_id).values_list("status", flat=True).aget()
+                run = await Run.objects.aget(pk=run_id)
                 remaining = deadline - time.monotonic()
-                if status in Run.SETTLED or remaining <= 0:
+                if run.is_settled or remaining <= 0:
                     break
                 if waiting.covers_all_changes():
                     delay = settings.GRUNDLAG_WAIT_POLL_SECONDS
@@ -368,8 +373,8 @@ async def settled_response(request: HttpRequest, run_id: int) -> Status[dict[str
                         await changed.wait()
 
     def describe() -> Status[dict[str, Any]]:
-        run = Run.objects.get(pk=run_id)
-        return Status(200 if run.is_settled else 202, run_out(request, run))
+        current = run if run is not None else Run.objects.get(pk=run_id)
+        return Status(200 if current.is_settled else 202, run_out(request, current))
 
     return await sync_to_async(describe)()
 

@@ -74,9 +74,7 @@ def main() -> None:
     redis.start()
     with tempfile.TemporaryDirectory(prefix="grundlag-bench-") as tmp:
         env = base_env(postgres.create_database("decisions"), action_modules="actions.examples,bench.actions")
-        env.update(
-            PRODUCTION_ENV, REDIS_URL=redis.url, DJANGO_SETTINGS_MODULE="bench.settings", DB_CONN_MAX_AGE="60"
-        )
+        env.update(PRODUCTION_ENV, REDIS_URL=redis.url, DJANGO_SETTINGS_MODULE="bench.settings")
         site = Site(env=env, log_dir=Path(tmp))
         try:
             site.manage("migrate", "--noinput", "-v0")

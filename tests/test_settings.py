@@ -35,6 +35,10 @@ def start_with(**env: str) -> subprocess.CompletedProcess[str]:
         ({"REDIS_URL": "localhost:6379"}, "REDIS_URL must be a redis:// URL"),
         ({"DATABASE_URL": "nosuchdb://x"}, "DATABASE_URL is not a valid database URL"),
         ({"GRUNDLAG_MODELS": "{not json"}, "GRUNDLAG_MODELS must be JSON"),
+        (
+            {"DATABASE_URL": "postgres://u:p@127.0.0.1:1/x", "DB_CONN_MAX_AGE": "60"},
+            "with the connection pool (DB_POOL_SIZE) it must be 0",
+        ),
     ],
 )
 def test_a_bad_setting_stops_the_process_naming_the_variable(env: dict[str, str], message: str) -> None:
