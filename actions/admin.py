@@ -13,15 +13,25 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from pydantic import ValidationError
 
-from actions import engine
+from actions import engine, notify
 from actions.core import describe_errors, field_errors, registry
-from actions.models import ApiToken, Interrupt, Policy, Run, RunEvent, Team
+from actions.models import (
+    ApiToken,
+    DeliveryAttempt,
+    Interrupt,
+    Notification,
+    Policy,
+    Run,
+    RunEvent,
+    Team,
+    Webhook,
+)
 
 # Never reachable through the admin's query string, on any model, through any relation: an
 # action's checkpoint, a run's driver state, a token's hash. Django's admin lets staff filter
 # a changelist by any local field (``?state__comment__startswith=pin 4``), one character at a
 # time; ``exclude`` hides a field from the form, not from lookups.
-PRIVATE_FIELDS = frozenset({"state", "driver_state", "key_hash"})
+PRIVATE_FIELDS = frozenset({"state", "driver_state", "key_hash", "secret"})
 
 
 class GuardedAdmin(admin.ModelAdmin[Any]):
@@ -155,3 +165,50 @@ class InterruptAdmin(ReadOnlyAdmin):
 class RunEventAdmin(ReadOnlyAdmin):
     list_display = ["at", "run", "kind", "actor_name"]
     list_filter = ["kind"]
+
+
+@admin.register(Webhook)
+class WebhookAdmin(GuardedAdmin):
+    """A team's endpoints (made through the API, which shows the secret once). A disabled one
+    says why; enabling it again clears its failures."""
+
+    list_display = ["url", "team", "created_at", "failing_since", "disabled_at"]
+    list_filter = ["team", ("disabled_at", admin.EmptyFieldListFilter)]
+    exclude = ["secret"]
+    readonly_fields = ["created_at", "created_by_name", "failing_since", "disabled_at", "disabled_reason"]
+    actions = ["enable"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # POST /api/webhooks, which shows the secret once
+
+    @admin.action(description="Enable selected webhooks again")
+    def enable(self, request: HttpRequest, queryset: Any) -> None:
+        queryset.update(disabled_at=None, disabled_reason="", failing_since=None)
+
+
+class DeliveryAttemptInline(admin.TabularInline[DeliveryAttempt, Notification]):
+    model = DeliveryAttempt
+    fields = ["at", "ok", "status_code", "error", "duration_ms"]
+    readonly_fields = ["at", "ok", "status_code", "error", "duration_ms"]
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Notification)
+class NotificationAdmin(ReadOnlyAdmin):
+    """Every notification and each attempt to deliver it; redeliver sends one again now."""
+
+    list_display = [
+        "created_at", "type", "channel", "webhook", "recipient", "outcome", "attempts", "delivered_at"
+    ]  # fmt: skip
+    list_filter = ["outcome", "channel", "type"]
+    inlines = [DeliveryAttemptInline]
+    actions = ["redeliver"]
+
+    @admin.action(description="Redeliver selected notifications now")
+    def redeliver(self, request: HttpRequest, queryset: Any) -> None:
+        count = notify.redeliver(list(queryset.values_list("pk", flat=True)))
+        self.message_user(request, f"{count} notification(s) will be sent again now.")

@@ -28,7 +28,8 @@ from actions import engine
 from actions.core import UnknownAction, registry
 from actions.drivers.agent import ModelError, start_agent
 from actions.drivers.sandbox import SandboxUnavailable, start_script
-from actions.models import ApiToken, Interrupt, Run
+from actions.models import ApiToken, Interrupt, Run, Webhook, actor_name
+from actions.notify import webhook
 from actions.web import waiting
 from actions.web.middleware import UNAVAILABLE
 
@@ -541,3 +542,65 @@ def read_script_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
         "call_log": run.driver_state.get("call_log", []),
         "paused_at": paused["position"] if paused else None,
     }
+
+
+# Webhooks: the token's team's endpoints, told of its events (actions.notify.webhook).
+
+WebhookEvent = Literal[
+    "interrupt.created", "interrupt.decided", "interrupt.escalated", "interrupt.expiring", "run.finished"
+]
+
+
+class WebhookIn(Schema):
+    url: str = Field(min_length=1, max_length=2000)
+    events: list[WebhookEvent] = Field(min_length=1, max_length=len(Webhook.EVENTS))
+
+
+class WebhookOut(Schema):
+    id: int
+    url: str
+    events: list[str]
+    created_at: datetime
+    disabled_at: datetime | None = Field(description="Set when every delivery failed for a day")
+    disabled_reason: str
+    failing_since: datetime | None
+
+
+class WebhookCreatedOut(WebhookOut):
+    secret: str = Field(description="whsec_...: verifies the signatures; shown only now")
+
+
+def webhook_out(hook: Webhook) -> dict[str, Any]:
+    return {
+        "id": hook.pk,
+        "url": hook.url,
+        "events": hook.events,
+        "created_at": hook.created_at,
+        "disabled_at": hook.disabled_at,
+        "disabled_reason": hook.disabled_reason,
+        "failing_since": hook.failing_since,
+    }
+
+
+@api.post("/webhooks", response={201: WebhookCreatedOut, 422: Error}, tags=["webhooks"])
+def create_webhook(request: HttpRequest, payload: WebhookIn) -> Status[dict[str, Any]]:
+    """Register an endpoint for the team's events. Each request it gets is signed per the
+    Standard Webhooks spec with the `secret` in this response, which is not shown again."""
+    token = token_of(request)
+    if problem := webhook.url_problem(payload.url):
+        raise HttpError(422, f"url: {problem}")
+    hook = webhook.create(token.team_id, payload.url, sorted(set(payload.events)), actor_name(token))
+    return Status(201, {**webhook_out(hook), "secret": hook.secret})
+
+
+@api.get("/webhooks", response=list[WebhookOut], tags=["webhooks"])
+def list_webhooks(request: HttpRequest) -> list[dict[str, Any]]:
+    return [webhook_out(hook) for hook in Webhook.objects.filter(team=token_of(request).team_id)]
+
+
+@api.delete("/webhooks/{webhook_id}", response={204: None, 404: Error}, tags=["webhooks"])
+def delete_webhook(request: HttpRequest, webhook_id: int) -> Status[None]:
+    deleted, _ = Webhook.objects.filter(team=token_of(request).team_id, pk=webhook_id).delete()
+    if not deleted:
+        raise HttpError(404, "no such webhook")
+    return Status(204, None)

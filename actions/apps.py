@@ -15,7 +15,7 @@ class ActionsConfig(AppConfig):
         from django.contrib.auth.signals import user_logged_out
         from django.db.models import signals
 
-        from actions import drivers, metrics
+        from actions import drivers, metrics, notify
         from actions.drivers.agent import AgentDriver
         from actions.drivers.sandbox import SandboxDriver
         from actions.engine import journal
@@ -36,6 +36,9 @@ class ActionsConfig(AppConfig):
         user_logged_out.connect(live.on_logged_out, dispatch_uid="live-logout")
         # An API request waiting for a run (Prefer: wait) reads it again as soon as it changed.
         journal.run_changed.connect(waiting.on_run_changed, dispatch_uid="api-wait")
+        # Notifications (mail, Slack, webhooks) go out soon after a change worth telling.
+        journal.team_changed.connect(notify.dispatch_soon, dispatch_uid="notify-team")
+        journal.run_changed.connect(notify.on_run_changed, dispatch_uid="notify-run")
         # Production's figures (actions.metrics): the engine's signals, the database's counts.
         metrics.register()
         # Importing a module registers the actions it defines with @action.

@@ -432,6 +432,8 @@ class RunEvent(models.Model):
         indexes = [
             where_set("interrupt", "runevent_interrupt"),
             where_set("actor", "runevent_actor"),
+            # The dispatcher's scan for recent events not yet fanned out (actions.notify).
+            models.Index(fields=["at"], name="runevent_at"),
         ]
 
     def __str__(self) -> str:
@@ -444,3 +446,115 @@ class RunEvent(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise TypeError("the event log is append-only")
+
+
+# Reaching reviewers and callers outside the dashboard (actions.notify). The run's event log
+# is the outbox: an event is written in the transaction of its change (a rolled-back change
+# has none), and the dispatcher turns each event worth telling into one Notification per
+# recipient, once (Fanout).
+
+
+def webhook_secret() -> str:
+    """A Standard Webhooks secret: ``whsec_`` and 32 random bytes in base64."""
+    import base64
+
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+class Webhook(models.Model):
+    """An endpoint of a calling application, told of its team's events, each request signed
+    with the secret (Standard Webhooks)."""
+
+    EVENTS = (
+        "interrupt.created",
+        "interrupt.decided",
+        "interrupt.escalated",
+        "interrupt.expiring",
+        "run.finished",
+    )
+
+    team = models.ForeignKey(Team, models.CASCADE, related_name="webhooks")
+    url = models.URLField(max_length=2000)
+    events = JSONField(default=list)
+    secret = models.CharField(max_length=100, default=webhook_secret)
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by_name = models.CharField(max_length=150, blank=True)
+    # Since when every delivery has failed (None: the last one succeeded). After
+    # GRUNDLAG_WEBHOOK_DISABLE_AFTER_SECONDS of that the endpoint is disabled, saying why.
+    failing_since = models.DateTimeField(null=True, blank=True)
+    disabled_at = models.DateTimeField(null=True, blank=True)
+    disabled_reason = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.team} -> {self.url}"
+
+
+class Fanout(models.Model):
+    """That an event's notifications were made: each event is fanned out once."""
+
+    event = models.OneToOneField(RunEvent, models.CASCADE, primary_key=True, related_name="fanout")
+    at = models.DateTimeField(default=timezone.now)
+
+
+class Notification(models.Model):
+    """One message to one recipient (a webhook endpoint, a user's mail, a team's Slack
+    channel) about one event: delivered with retries and backoff, each attempt recorded."""
+
+    class Channel(models.TextChoices):
+        WEBHOOK = "webhook"
+        EMAIL = "email"
+        SLACK = "slack"
+
+    class Outcome(models.TextChoices):
+        PENDING = "pending"  # to be sent at next_attempt_at (or being sent, until then)
+        DELIVERED = "delivered"
+        FAILED = "failed"  # gave up: out of attempts, or the endpoint is disabled
+
+    event = models.ForeignKey(RunEvent, models.CASCADE, related_name="notifications")
+    type = models.CharField(max_length=40)  # interrupt.created, ...
+    channel = models.CharField(max_length=10, choices=Channel.choices)
+    webhook = models.ForeignKey(Webhook, models.CASCADE, null=True, blank=True, related_name="notifications")
+    recipient = models.ForeignKey(
+        settings.AUTH_USER_MODEL, models.CASCADE, null=True, blank=True, related_name="+"
+    )
+    # The webhook-id header: the same for every attempt, so a receiver drops a duplicate.
+    message_id = models.CharField(max_length=64, unique=True)
+    payload = JSONField(default=dict)
+    outcome = models.CharField(max_length=10, choices=Outcome.choices, default=Outcome.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at"],
+                name="notification_due",
+                condition=models.Q(outcome="pending"),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type} by {self.channel} ({self.outcome})"
+
+
+class DeliveryAttempt(models.Model):
+    """One try at sending a notification: what came back, or what went wrong, and how long."""
+
+    notification = models.ForeignKey(Notification, models.CASCADE, related_name="delivery_attempts")
+    at = models.DateTimeField(default=timezone.now)
+    ok = models.BooleanField(default=False)
+    status_code = models.PositiveIntegerField(null=True, blank=True)
+    error = models.CharField(max_length=500, blank=True)
+    duration_ms = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {'ok' if self.ok else 'failed'} {self.status_code or self.error}"

@@ -34,3 +34,19 @@ def sweep() -> int:
 @shared_task(name="actions.tasks.apply_policies")
 def apply_policies() -> int:
     return engine.apply_policies()
+
+
+@shared_task(name="actions.tasks.deliver_notification")
+def deliver_notification(notification_id: int) -> None:
+    from actions import notify
+
+    notify.deliver(notification_id)
+
+
+@shared_task(name="actions.tasks.notify")
+def notify_round() -> int:
+    """The periodic round: fan out what no commit's dispatch did, send what is due."""
+    from actions import notify
+
+    notify.dispatch()
+    return notify.deliver_due()

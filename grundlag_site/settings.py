@@ -304,7 +304,15 @@ GRUNDLAG_QUEUED_GRACE_SECONDS = envint("GRUNDLAG_QUEUED_GRACE_SECONDS", "10", mi
 CELERY_BEAT_SCHEDULE = {
     "sweep-stuck-runs": {"task": "actions.tasks.sweep", "schedule": GRUNDLAG_SWEEP_SECONDS},
     "apply-deadlines-and-escalations": {"task": "actions.tasks.apply_policies", "schedule": 30.0},
+    "notify": {"task": "actions.tasks.notify", "schedule": GRUNDLAG_SWEEP_SECONDS},
 }
+# Notifications (actions.notify). The site's address, for the links in mails, Slack messages
+# and webhook bodies. A webhook endpoint must resolve to public addresses unless allowed.
+GRUNDLAG_BASE_URL = os.getenv("GRUNDLAG_BASE_URL", "http://127.0.0.1:8000")
+GRUNDLAG_WEBHOOK_ALLOW_PRIVATE = envbool("GRUNDLAG_WEBHOOK_ALLOW_PRIVATE", "false")
+GRUNDLAG_WEBHOOK_TIMEOUT_SECONDS = envfloat("GRUNDLAG_WEBHOOK_TIMEOUT_SECONDS", "5", minimum=0.1)
+GRUNDLAG_NOTIFY_MAX_ATTEMPTS = envint("GRUNDLAG_NOTIFY_MAX_ATTEMPTS", "12", minimum=1)
+GRUNDLAG_WEBHOOK_DISABLE_AFTER_SECONDS = envint("GRUNDLAG_WEBHOOK_DISABLE_AFTER_SECONDS", "86400", minimum=60)
 # A step re-queued this often without recording how it ended fails its run.
 GRUNDLAG_MAX_STEP_REQUEUES = envint("GRUNDLAG_MAX_STEP_REQUEUES", "5", minimum=1)
 # Run each step in the process that queued it, right after commit, instead of in a Celery

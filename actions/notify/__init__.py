@@ -1,0 +1,15 @@
+"""Reaching reviewers and calling applications outside the dashboard.
+
+The run's event log is the outbox: an event is written in the transaction of its change, so a
+rolled-back change tells nobody. After commit, and every few seconds to catch up (a process
+that died between its commit and the dispatch), the dispatcher (``dispatch``) turns each event
+worth telling into one ``Notification`` per recipient, once (``Fanout``). Each notification is
+delivered by a task with retries and exponential backoff (``delivery``), every attempt recorded;
+a slow or dead endpoint holds up only its own delivery, never a decision.
+
+Channels, one module each: ``webhook`` (Standard Webhooks, signed)."""
+
+from actions.notify.delivery import deliver, deliver_due, deliver_in, redeliver
+from actions.notify.dispatch import dispatch, dispatch_soon, on_run_changed
+
+__all__ = ["deliver", "deliver_due", "deliver_in", "dispatch", "dispatch_soon", "on_run_changed", "redeliver"]

@@ -1,0 +1,197 @@
+"""Delivering a notification: claimed (so two workers never send it at once), sent by its
+channel, the attempt recorded; on failure tried again after 10 s, 20 s, 40 s ... up to an hour
+between tries, GRUNDLAG_NOTIFY_MAX_ATTEMPTS in all. A worker that dies mid-send leaves the
+claim to run out (SEND_LEASE), and the periodic round sends it again: at most one duplicate,
+which carries the same message id.
+
+A webhook endpoint whose deliveries have all failed for GRUNDLAG_WEBHOOK_DISABLE_AFTER_SECONDS
+is disabled, with the reason, which the team sees in its webhook list and the admin."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import close_old_connections, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from actions.models import DeliveryAttempt, Notification, Webhook
+from actions.notify import webhook
+
+logger = logging.getLogger(__name__)
+
+Outcome = Notification.Outcome
+
+# How long a claimed notification is left to its sender before it may be sent again.
+SEND_LEASE = timedelta(seconds=60)
+FIRST_RETRY_SECONDS = 10
+LONGEST_RETRY_SECONDS = 3600
+
+TRANSPORTS: dict[str, Callable[[Notification], int]] = {
+    Notification.Channel.WEBHOOK: webhook.send,
+}
+
+
+def retry_delay(attempts: int) -> timedelta:
+    """After the attempts so far failed: 10 s, 20 s, 40 s, ... at most an hour."""
+    return timedelta(seconds=min(FIRST_RETRY_SECONDS * 2 ** max(attempts - 1, 0), LONGEST_RETRY_SECONDS))
+
+
+def _claim(notification_id: int) -> Notification | None:
+    now = timezone.now()
+    claimed = Notification.objects.filter(
+        pk=notification_id, outcome=Outcome.PENDING, next_attempt_at__lte=now
+    ).update(next_attempt_at=now + SEND_LEASE, attempts=F("attempts") + 1)
+    if not claimed:
+        return None  # delivered, given up, not due, or being sent
+    return Notification.objects.select_related("webhook").get(pk=notification_id)
+
+
+def deliver(notification_id: int) -> bool | None:
+    """Try to deliver one notification now, if it is due; whether it was delivered (None: it
+    was not due, or another sender has it)."""
+    notification = _claim(notification_id)
+    if notification is None:
+        return None
+    hook = notification.webhook
+    began = time.perf_counter()
+    status_code: int | None = None
+    error = ""
+    if hook is not None and hook.disabled_at is not None:
+        error = f"the endpoint is disabled: {hook.disabled_reason}"
+    else:
+        try:
+            status_code = TRANSPORTS[notification.channel](notification)
+        except webhook.DeliveryFailed as exc:
+            status_code, error = exc.status_code, str(exc)
+        except Exception as exc:  # a channel's own bug must not lose the notification
+            logger.exception("notification %s: sending failed", notification.pk)
+            error = f"{type(exc).__name__}: {exc}"[:500]
+    _record(notification, hook, ok=not error, status_code=status_code, error=error, began=began)
+    return not error
+
+
+def _record(
+    notification: Notification,
+    hook: Webhook | None,
+    *,
+    ok: bool,
+    status_code: int | None,
+    error: str,
+    began: float,
+) -> None:
+    now = timezone.now()
+    with transaction.atomic():
+        DeliveryAttempt.objects.create(
+            notification=notification,
+            ok=ok,
+            status_code=status_code,
+            error=error[:500],
+            duration_ms=int((time.perf_counter() - began) * 1000),
+        )
+        if ok:
+            Notification.objects.filter(pk=notification.pk).update(
+                outcome=Outcome.DELIVERED, delivered_at=now
+            )
+            if hook is not None and hook.failing_since is not None:
+                Webhook.objects.filter(pk=hook.pk).update(failing_since=None)
+            return
+        done = notification.attempts >= settings.GRUNDLAG_NOTIFY_MAX_ATTEMPTS or (
+            hook is not None and hook.disabled_at is not None
+        )
+        if done:
+            Notification.objects.filter(pk=notification.pk).update(outcome=Outcome.FAILED)
+        else:
+            Notification.objects.filter(pk=notification.pk).update(
+                next_attempt_at=now + retry_delay(notification.attempts)
+            )
+        if hook is not None and hook.disabled_at is None:
+            Webhook.objects.filter(pk=hook.pk, failing_since=None).update(failing_since=now)
+            limit = now - timedelta(seconds=settings.GRUNDLAG_WEBHOOK_DISABLE_AFTER_SECONDS)
+            disabled = Webhook.objects.filter(pk=hook.pk, disabled_at=None, failing_since__lte=limit).update(
+                disabled_at=now,
+                disabled_reason=f"every delivery since {hook.failing_since or now:%Y-%m-%d %H:%M} UTC failed;"
+                f" the last: {error}"[:300],
+            )
+            if disabled:
+                logger.warning("webhook %s disabled: %s", hook.pk, error)
+
+
+def redeliver(notification_ids: list[int]) -> int:
+    """Send these again now (the admin's button): due at once, with attempts to spare."""
+    count = Notification.objects.filter(pk__in=notification_ids).update(
+        outcome=Outcome.PENDING, next_attempt_at=timezone.now(), delivered_at=None, attempts=0
+    )
+    for pk in notification_ids:
+        transaction.on_commit(functools.partial(schedule, pk))
+    return count
+
+
+def deliver_due(limit: int = 200) -> int:
+    """Hand the notifications that are due (new ones missed, retries, claims that ran out) to
+    their senders; how many."""
+    due = list(
+        Notification.objects.filter(outcome=Outcome.PENDING, next_attempt_at__lte=timezone.now())
+        .order_by("next_attempt_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+    for pk in due:
+        schedule(pk)
+    return len(due)
+
+
+# Where deliveries run. A Celery worker of the scaled setup runs the task; the embedded server
+# gives them threads of their own (deliver_in), never the steps' threads: a slow endpoint must
+# not hold up a run.
+_pool: Executor | None = None
+_background = ThreadPoolExecutor(1, thread_name_prefix="grundlag-dispatch")
+
+
+def deliver_in(pool: Executor | None) -> None:
+    global _pool
+    _pool = pool
+
+
+def _eager() -> bool:
+    from grundlag_site.celery import app
+
+    return bool(app.conf.task_always_eager)
+
+
+def schedule(notification_id: int) -> None:
+    if (pool := _pool) is not None:
+        with contextlib.suppress(RuntimeError):  # stopping: it stays pending; the next start sends it
+            pool.submit(_deliver_here, notification_id)
+        return
+    from actions.tasks import deliver_notification
+
+    try:
+        deliver_notification.apply_async((notification_id,))
+    except Exception:
+        logger.warning("notification %s stays pending: the broker refused it", notification_id, exc_info=True)
+
+
+def _deliver_here(notification_id: int) -> None:
+    close_old_connections()
+    try:
+        deliver(notification_id)
+    except Exception:
+        logger.exception("notification %s: delivery failed; the periodic round retries", notification_id)
+    finally:
+        close_old_connections()
+
+
+def run_in_background(work: Callable[[], None]) -> None:
+    """Run ``work`` in this process's dispatch thread (nothing under eager tasks, as in the
+    unit tests, which dispatch when they mean to)."""
+    if _eager() and _pool is None:
+        return
+    with contextlib.suppress(RuntimeError):  # stopping: the next periodic round dispatches
+        _background.submit(work)

@@ -1,0 +1,168 @@
+"""From the event log to notifications: each event worth telling, once, to each recipient."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import IntegrityError, close_old_connections, transaction
+from django.utils import timezone
+
+from actions.models import Fanout, Interrupt, Notification, Run, RunEvent, Webhook
+
+logger = logging.getLogger(__name__)
+
+Kind = RunEvent.Kind
+
+# The event log's kinds that are told, as the event types subscribers choose from.
+TYPES: dict[str, str] = {
+    Kind.INTERRUPTED: "interrupt.created",
+    Kind.APPROVED: "interrupt.decided",
+    Kind.REJECTED: "interrupt.decided",
+    Kind.EXPIRED: "interrupt.decided",
+    Kind.ESCALATED: "interrupt.escalated",
+    Kind.COMPLETED: "run.finished",
+    Kind.FAILED: "run.finished",
+    Kind.CANCELLED: "run.finished",
+}
+
+# Events older than this when the dispatcher first sees them (it was down that long) are not
+# told any more: a day-old "new approval" is noise. They stay in the log.
+LOOKBACK = timedelta(days=1)
+BATCH = 200
+
+
+def event_type(event: RunEvent) -> str | None:
+    """What the event is to subscribers; None when it tells nothing (an approval counted
+    toward several that are needed does not decide the interrupt)."""
+    kind = TYPES.get(event.kind)
+    detail = event.detail if isinstance(event.detail, dict) else {}
+    counted = isinstance(detail.get("of"), int) and int(detail.get("approvals", 0)) < detail["of"]
+    if event.kind == Kind.APPROVED and counted:
+        return None
+    return kind
+
+
+def absolute(path: str) -> str:
+    return settings.GRUNDLAG_BASE_URL.rstrip("/") + path
+
+
+def interrupt_data(it: Interrupt) -> dict[str, Any]:
+    """The interrupt as the API lists it (never its checkpoint), with its run and its page."""
+    from actions.api import transcript_entry
+
+    return {
+        **transcript_entry(it),
+        "run_id": it.run_id,
+        "action": it.action,
+        "team": it.team.slug,
+        "url": absolute(it.get_absolute_url()),
+    }
+
+
+def run_data(run: Run) -> dict[str, Any]:
+    return {
+        "id": run.pk,
+        "action": run.action,
+        "consumer": run.consumer,
+        "status": run.status,
+        "output": run.output,
+        "error": run.error,
+        "team": run.team.slug,
+        "url": absolute(run.get_absolute_url()),
+    }
+
+
+def fan_out(event: RunEvent) -> list[Notification]:
+    """The event's notifications (in the caller's transaction, with its Fanout row)."""
+    kind = event_type(event)
+    if kind is None:
+        return []
+    if kind.startswith("interrupt."):
+        assert event.interrupt_id is not None  # the interrupt's own events name it
+        it = Interrupt.objects.select_related("team").get(pk=event.interrupt_id)
+        team_ids, data = it.team_ids, interrupt_data(it)
+    else:
+        run = Run.objects.select_related("team").get(pk=event.run_id)
+        team_ids, data = [run.team_id], run_data(run)
+    # As JSON once, as the API would write it (times in ISO 8601), for every recipient.
+    body = json.loads(json.dumps({"type": kind, "timestamp": event.at, "data": data}, cls=DjangoJSONEncoder))
+    made = []
+    for hook in Webhook.objects.filter(team_id__in=team_ids, disabled_at=None):
+        if kind in hook.events:
+            made.append(
+                Notification.objects.create(
+                    event=event,
+                    type=kind,
+                    channel=Notification.Channel.WEBHOOK,
+                    webhook=hook,
+                    message_id=f"msg_{event.pk}_w{hook.pk}",
+                    payload=body,
+                )
+            )
+    return made
+
+
+def dispatch() -> int:
+    """Fan out the recent events not yet fanned out, oldest first; how many notifications were
+    made. Safe to run anywhere at once: each event is taken by one (its Fanout row)."""
+    from actions.notify.delivery import schedule
+
+    made = 0
+    events = (
+        RunEvent.objects.filter(at__gte=timezone.now() - LOOKBACK, kind__in=list(TYPES), fanout__isnull=True)
+        .only("id", "run_id", "interrupt_id", "kind", "detail", "at")
+        .order_by("id")[:BATCH]
+    )
+    for event in list(events):
+        try:
+            with transaction.atomic():
+                Fanout.objects.create(event=event)
+                notifications = fan_out(event)
+                for notification in notifications:
+                    transaction.on_commit(functools.partial(schedule, notification.pk))
+        except IntegrityError:
+            continue  # another dispatcher took it
+        made += len(notifications)
+    return made
+
+
+# After a commit that logged something worth telling, the dispatcher runs soon, once however
+# many commits asked for it meanwhile.
+_soon = threading.Lock()
+_wanted = threading.Event()
+
+
+def dispatch_soon(sender: Any = None, **kwargs: Any) -> None:
+    """The engine's run_changed and team_changed signals (after commit)."""
+    from actions.notify.delivery import run_in_background
+
+    _wanted.set()
+    run_in_background(_dispatch_wanted)
+
+
+def on_run_changed(sender: Any = None, *, finished: bool = False, **kwargs: Any) -> None:
+    """The engine's run_changed signal: a run that finished is told (run.finished)."""
+    if finished:
+        dispatch_soon()
+
+
+def _dispatch_wanted() -> None:
+    while _wanted.is_set():
+        if not _soon.acquire(blocking=False):
+            return  # one is running; it sees _wanted set, and goes round again
+        try:
+            while _wanted.is_set():
+                _wanted.clear()
+                dispatch()
+        except Exception:
+            logger.exception("dispatching notifications failed; the periodic round retries")
+        finally:
+            _soon.release()
+            close_old_connections()

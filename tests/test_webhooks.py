@@ -1,0 +1,214 @@
+"""Webhooks, in-process against a real HTTP receiver on 127.0.0.1 that verifies every request
+with the `standardwebhooks` package, as a calling application would."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.test import Client
+from django.utils import timezone
+
+from actions import engine, notify
+from actions.models import DeliveryAttempt, Interrupt, Notification, Run, RunEvent, Team, Webhook
+from tests.webhook_receiver import Receiver
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps")]
+
+
+@pytest.fixture
+def receiver(settings: Any) -> Iterator[Receiver]:
+    settings.GRUNDLAG_WEBHOOK_ALLOW_PRIVATE = True  # it listens on 127.0.0.1
+    receiver = Receiver()
+    yield receiver
+    receiver.stop()
+
+
+def post(client: Client, key: str, path: str, body: Any) -> Any:
+    auth = {"Authorization": f"Bearer {key}"}
+    return client.post(f"/api{path}", json.dumps(body), content_type="application/json", headers=auth)
+
+
+def registered(client: Client, key: str, url: str, events: list[str] | None = None) -> dict[str, Any]:
+    events = events or ["interrupt.created", "interrupt.decided", "run.finished"]
+    response = post(client, key, "/webhooks", {"url": url, "events": events})
+    assert response.status_code == 201, response.content
+    return dict(response.json())
+
+
+# The API
+
+
+def test_a_webhook_is_registered_listed_and_deleted_in_the_tokens_team_only(
+    client: Client, token_key: str, other_token_key: str, receiver: Receiver
+) -> None:
+    hook = registered(client, token_key, receiver.url)
+    assert hook["secret"].startswith("whsec_") and hook["events"] == sorted(hook["events"])
+    auth = {"Authorization": f"Bearer {token_key}"}
+    listed = client.get("/api/webhooks", headers=auth).json()
+    assert [h["id"] for h in listed] == [hook["id"]]
+    assert "secret" not in listed[0], "the secret is shown once, when it is made"
+    other = {"Authorization": f"Bearer {other_token_key}"}
+    assert client.get("/api/webhooks", headers=other).json() == []
+    assert client.delete(f"/api/webhooks/{hook['id']}", headers=other).status_code == 404
+    assert client.delete(f"/api/webhooks/{hook['id']}", headers=auth).status_code == 204
+    assert client.get("/api/webhooks", headers=auth).json() == []
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("http://127.0.0.1:9/hook", "resolves to 127.0.0.1, a private, loopback or link-local address"),
+        ("http://169.254.169.254/latest/meta-data", "resolves to 169.254.169.254"),
+        ("http://10.1.2.3/hook", "resolves to 10.1.2.3"),
+        ("http://[::1]/hook", "resolves to ::1"),
+        ("http://localhost/hook", "a private, loopback or link-local address"),
+        ("ftp://example.com/hook", "must be http:// or https://"),
+        ("https://user:pw@example.com/hook", "must not carry credentials"),
+    ],
+)
+def test_an_endpoint_in_a_private_network_or_of_another_scheme_is_refused(
+    client: Client, token_key: str, url: str, problem: str
+) -> None:
+    response = post(client, token_key, "/webhooks", {"url": url, "events": ["run.finished"]})
+    assert response.status_code == 422 and problem in response.json()["detail"], response.content
+    assert not Webhook.objects.exists()
+
+
+def test_an_unknown_event_type_is_refused(client: Client, token_key: str, receiver: Receiver) -> None:
+    response = post(client, token_key, "/webhooks", {"url": receiver.url, "events": ["interrupt.eaten"]})
+    assert response.status_code == 422
+    assert not Webhook.objects.exists()
+
+
+# Delivery
+
+
+def test_each_event_reaches_the_endpoint_once_signed_and_without_the_checkpoint(
+    client: Client, token_key: str, team: Team, reviewer: User, receiver: Receiver
+) -> None:
+    hook = registered(client, token_key, receiver.url)
+    run = engine.start_run("send_invoice", {"invoice_id": "W-1", "amount": 5.0}, team, reviewer)
+    assert notify.dispatch() == 1
+    assert notify.dispatch() == 0, "an event is fanned out once"
+    (interrupt,) = engine.pending_interrupts(run.pk)
+    Interrupt.objects.filter(pk=interrupt.pk).update(state={"secret_step": "checkpoint-xyz"})
+    engine.resume(interrupt, {"approved": True}, reviewer)
+    assert notify.dispatch() == 2  # decided, then the run finished
+
+    bodies = receiver.verified(hook["secret"])
+    assert [body["type"] for body in bodies] == ["interrupt.created", "interrupt.decided", "run.finished"]
+    created = bodies[0]["data"]
+    assert created["id"] == interrupt.pk and created["run_id"] == run.pk and created["status"] == "pending"
+    assert created["url"].endswith(f"/interrupts/{interrupt.pk}/")
+    assert bodies[1]["data"]["decided_by"] == reviewer.username
+    assert bodies[2]["data"]["status"] == "completed"
+    assert all(b"checkpoint-xyz" not in body and b'"state"' not in body for _, body in receiver.received)
+    ids = [headers["webhook-id"] for headers, _ in receiver.received]
+    assert len(set(ids)) == 3
+    assert Notification.objects.filter(outcome="delivered").count() == 3
+    assert DeliveryAttempt.objects.filter(ok=True, status_code=200).count() == 3
+
+
+def test_a_change_that_rolls_back_tells_nobody(
+    client: Client, token_key: str, team: Team, reviewer: User, receiver: Receiver
+) -> None:
+    registered(client, token_key, receiver.url)
+
+    class Abandoned(Exception):
+        pass
+
+    with pytest.raises(Abandoned), transaction.atomic():
+        engine.start_run("send_invoice", {"invoice_id": "W-2", "amount": 5.0}, team, reviewer)
+        raise Abandoned
+    assert notify.dispatch() == 0
+    assert receiver.received == [] and not Notification.objects.exists()
+
+
+def test_a_failed_delivery_is_retried_with_backoff_under_the_same_id(
+    client: Client, token_key: str, team: Team, reviewer: User, receiver: Receiver
+) -> None:
+    hook = registered(client, token_key, receiver.url, ["interrupt.created"])
+    receiver.codes = [500]
+    engine.start_run("send_invoice", {"invoice_id": "W-3", "amount": 5.0}, team, reviewer)
+    began = timezone.now()
+    notify.dispatch()
+    notification = Notification.objects.get()
+    assert notification.outcome == "pending" and notification.attempts == 1
+    assert timedelta(seconds=9) < notification.next_attempt_at - began < timedelta(seconds=12)
+    (attempt,) = notification.delivery_attempts.all()
+    assert (attempt.ok, attempt.status_code, attempt.error) == (False, 500, "HTTP 500 Internal Server Error")
+    assert Webhook.objects.get().failing_since is not None
+
+    assert notify.deliver_due() == 0, "not due yet"
+    Notification.objects.update(next_attempt_at=timezone.now())
+    assert notify.deliver_due() == 1
+    notification.refresh_from_db()
+    assert notification.outcome == "delivered" and notification.attempts == 2
+    assert Webhook.objects.get().failing_since is None
+    first, second = receiver.received
+    assert first[0]["webhook-id"] == second[0]["webhook-id"] == notification.message_id
+    assert len(receiver.verified(hook["secret"])) == 2
+
+
+def test_an_endpoint_failing_for_a_day_is_disabled_saying_why_and_gets_nothing_more(
+    client: Client, token_key: str, team: Team, reviewer: User, receiver: Receiver
+) -> None:
+    registered(client, token_key, receiver.url, ["interrupt.created"])
+    Webhook.objects.update(failing_since=timezone.now() - timedelta(days=1, minutes=1))
+    receiver.codes = [503]
+    engine.start_run("send_invoice", {"invoice_id": "W-4", "amount": 5.0}, team, reviewer)
+    notify.dispatch()
+    hook = Webhook.objects.get()
+    assert hook.disabled_at is not None and "HTTP 503" in hook.disabled_reason
+    listed = client.get("/api/webhooks", headers={"Authorization": f"Bearer {token_key}"}).json()
+    assert listed[0]["disabled_at"] is not None and "HTTP 503" in listed[0]["disabled_reason"]
+
+    engine.start_run("send_invoice", {"invoice_id": "W-5", "amount": 5.0}, team, reviewer)
+    notify.dispatch()
+    assert Notification.objects.count() == 1 and len(receiver.received) == 1
+
+
+def test_an_approval_counted_toward_several_decides_nothing_yet(
+    client: Client, token_key: str, team: Team, reviewer: User, second_reviewer: User, receiver: Receiver
+) -> None:
+    from actions.models import Policy
+
+    Policy.objects.create(team=team, action="send_invoice", approvals_required=2)
+    registered(client, token_key, receiver.url, ["interrupt.decided"])
+    run = engine.start_run("send_invoice", {"invoice_id": "W-6", "amount": 5.0}, team, reviewer)
+    (interrupt,) = engine.pending_interrupts(run.pk)
+    engine.resume(interrupt, {"approved": True}, reviewer)
+    assert notify.dispatch() == 0
+    engine.resume(Interrupt.objects.get(pk=interrupt.pk), {"approved": True}, second_reviewer)
+    assert notify.dispatch() == 1
+    assert RunEvent.objects.filter(kind="approved").count() == 2
+
+
+def test_redelivering_sends_a_delivered_notification_again_now(
+    client: Client, token_key: str, team: Team, reviewer: User, receiver: Receiver
+) -> None:
+    registered(client, token_key, receiver.url, ["interrupt.created"])
+    engine.start_run("send_invoice", {"invoice_id": "W-7", "amount": 5.0}, team, reviewer)
+    notify.dispatch()
+    with transaction.atomic():
+        assert notify.redeliver(list(Notification.objects.values_list("pk", flat=True))) == 1
+    assert len(receiver.received) == 2
+    assert Notification.objects.get().outcome == "delivered"
+
+
+def test_a_run_stays_intact_when_its_endpoint_is_down(
+    client: Client, token_key: str, team: Team, reviewer: User, settings: Any
+) -> None:
+    settings.GRUNDLAG_WEBHOOK_ALLOW_PRIVATE = True
+    registered(client, token_key, "http://127.0.0.1:9/nobody-listens", ["interrupt.created"])
+    run = engine.start_run("send_invoice", {"invoice_id": "W-8", "amount": 5.0}, team, reviewer)
+    notify.dispatch()
+    (attempt,) = DeliveryAttempt.objects.all()
+    assert not attempt.ok and attempt.status_code is None and "ConnectError" in attempt.error
+    assert Run.objects.get(pk=run.pk).status == "interrupted"
