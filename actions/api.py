@@ -551,6 +551,11 @@ WebhookEvent = Literal[
 ]
 
 
+# Each event is one request per endpoint: a cap keeps a team from turning the server into an
+# amplifier, and the other teams' deliveries from waiting behind its own.
+MAX_WEBHOOKS_PER_TEAM = 10
+
+
 class WebhookIn(Schema):
     url: str = Field(min_length=1, max_length=2000)
     events: list[WebhookEvent] = Field(min_length=1, max_length=len(Webhook.EVENTS))
@@ -589,6 +594,8 @@ def create_webhook(request: HttpRequest, payload: WebhookIn) -> Status[dict[str,
     token = token_of(request)
     if problem := webhook.url_problem(payload.url):
         raise HttpError(422, f"url: {problem}")
+    if Webhook.objects.filter(team=token.team_id).count() >= MAX_WEBHOOKS_PER_TEAM:
+        raise HttpError(422, f"a team has at most {MAX_WEBHOOKS_PER_TEAM} webhooks; delete one first")
     hook = webhook.create(token.team_id, payload.url, sorted(set(payload.events)), actor_name(token))
     return Status(201, {**webhook_out(hook), "secret": hook.secret})
 

@@ -63,11 +63,16 @@ def test_a_webhook_is_registered_listed_and_deleted_in_the_tokens_team_only(
 @pytest.mark.parametrize(
     ("url", "problem"),
     [
-        ("http://127.0.0.1:9/hook", "resolves to 127.0.0.1, a private, loopback or link-local address"),
-        ("http://169.254.169.254/latest/meta-data", "resolves to 169.254.169.254"),
-        ("http://10.1.2.3/hook", "resolves to 10.1.2.3"),
-        ("http://[::1]/hook", "resolves to ::1"),
+        ("http://127.0.0.1:9/hook", "resolves to a private, loopback or link-local address"),
+        ("http://169.254.169.254/latest/meta-data", "resolves to a private"),
+        ("http://10.1.2.3/hook", "resolves to a private"),
+        ("http://[::1]/hook", "resolves to a private"),
+        ("http://[::ffff:127.0.0.1]/hook", "resolves to a private"),
+        ("http://[64:ff9b::a00:5]/hook", "resolves to a private"),
+        ("http://0.0.0.0/hook", "resolves to a private"),
+        ("http://2130706433/hook", "resolves to a private"),
         ("http://localhost/hook", "a private, loopback or link-local address"),
+        ("http://straße.example/hook", "the host must be ASCII"),
         ("ftp://example.com/hook", "must be http:// or https://"),
         ("https://user:pw@example.com/hook", "must not carry credentials"),
     ],
@@ -78,6 +83,41 @@ def test_an_endpoint_in_a_private_network_or_of_another_scheme_is_refused(
     response = post(client, token_key, "/webhooks", {"url": url, "events": ["run.finished"]})
     assert response.status_code == 422 and problem in response.json()["detail"], response.content
     assert not Webhook.objects.exists()
+
+
+def test_a_team_has_at_most_ten_webhooks(client: Client, token_key: str, receiver: Receiver) -> None:
+    for n in range(10):
+        registered(client, token_key, f"{receiver.url}/{n}")
+    response = post(client, token_key, "/webhooks", {"url": receiver.url, "events": ["run.finished"]})
+    assert response.status_code == 422 and "at most 10 webhooks" in response.json()["detail"]
+    assert Webhook.objects.count() == 10
+
+
+def test_an_event_that_cannot_be_told_does_not_hold_up_the_ones_after_it(
+    client: Client,
+    token_key: str,
+    team: Team,
+    reviewer: User,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib
+
+    dispatch = importlib.import_module("actions.notify.dispatch")  # the module, not the function
+    registered(client, token_key, receiver.url, ["interrupt.created"])
+    bad = engine.start_run("send_invoice", {"invoice_id": "W-9", "amount": 5.0}, team, reviewer)
+    describe = dispatch.interrupt_data
+
+    def broken_for_the_first(it: Interrupt) -> dict[str, Any]:
+        if it.run_id == bad.pk:
+            raise RuntimeError("a bug in describing it")
+        return dict(describe(it))
+
+    monkeypatch.setattr(dispatch, "interrupt_data", broken_for_the_first)
+    engine.start_run("send_invoice", {"invoice_id": "W-10", "amount": 5.0}, team, reviewer)
+    assert notify.dispatch() == 1
+    assert notify.dispatch() == 0, "the bad event is not tried again every round"
+    assert len(receiver.received) == 1
 
 
 def test_an_unknown_event_type_is_refused(client: Client, token_key: str, receiver: Receiver) -> None:

@@ -96,10 +96,13 @@ def _record(
             error=error[:500],
             duration_ms=int((time.perf_counter() - began) * 1000),
         )
+        # Only while this attempt still holds it: a sender whose claim ran out (and was taken
+        # over) must not overwrite what the next attempt recorded.
+        mine = Notification.objects.filter(
+            pk=notification.pk, outcome=Outcome.PENDING, attempts=notification.attempts
+        )
         if ok:
-            Notification.objects.filter(pk=notification.pk).update(
-                outcome=Outcome.DELIVERED, delivered_at=now
-            )
+            mine.update(outcome=Outcome.DELIVERED, delivered_at=now)
             if hook is not None and hook.failing_since is not None:
                 Webhook.objects.filter(pk=hook.pk).update(failing_since=None)
             return
@@ -107,11 +110,9 @@ def _record(
             hook is not None and hook.disabled_at is not None
         )
         if done:
-            Notification.objects.filter(pk=notification.pk).update(outcome=Outcome.FAILED)
+            mine.update(outcome=Outcome.FAILED)
         else:
-            Notification.objects.filter(pk=notification.pk).update(
-                next_attempt_at=now + retry_delay(notification.attempts)
-            )
+            mine.update(next_attempt_at=now + retry_delay(notification.attempts))
         if hook is not None and hook.disabled_at is None:
             Webhook.objects.filter(pk=hook.pk, failing_since=None).update(failing_since=now)
             limit = now - timedelta(seconds=settings.GRUNDLAG_WEBHOOK_DISABLE_AFTER_SECONDS)

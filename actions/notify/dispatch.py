@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -129,6 +130,13 @@ def dispatch() -> int:
                     transaction.on_commit(functools.partial(schedule, notification.pk))
         except IntegrityError:
             continue  # another dispatcher took it
+        except Exception:
+            # One event that cannot be told (its interrupt deleted meanwhile, a bug) must not
+            # hold up every later one: it is marked told, and the log says why.
+            logger.exception("event %s: its notifications could not be made; skipped", event.pk)
+            with contextlib.suppress(IntegrityError), transaction.atomic():
+                Fanout.objects.create(event=event)
+            continue
         made += len(notifications)
     return made
 
