@@ -268,6 +268,7 @@ def test_requests_reuse_pooled_database_connections(scaled_site: Site) -> None:
     every request opened (and closed) a connection of its own, about 10 ms before its first
     query. With it, a web process keeps a few connections open and lends them out."""
     site = scaled_site
+    site.env["DB_POOL_SIZE"] = "10"
     web = site.daphne()
     backends = (
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
