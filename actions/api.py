@@ -28,7 +28,7 @@ from actions import engine
 from actions.core import UnknownAction, registry
 from actions.drivers.agent import ModelError, start_agent
 from actions.drivers.sandbox import SandboxUnavailable, start_script
-from actions.models import ApiToken, Interrupt, Run, Webhook, actor_name
+from actions.models import ApiToken, Interrupt, Run, Webhook, WebhookEvent, actor_name
 from actions.notify import webhook
 from actions.web import waiting
 from actions.web.middleware import UNAVAILABLE
@@ -261,6 +261,18 @@ def interrupt_out(request: HttpRequest, it: Interrupt) -> dict[str, Any]:
     }
 
 
+def run_fields(run: Run) -> dict[str, Any]:
+    """What every description of a run says (the API's responses, the webhooks' bodies)."""
+    return {
+        "id": run.pk,
+        "action": run.action,
+        "consumer": run.consumer,
+        "status": run.status,
+        "output": run.output,
+        "error": run.error,
+    }
+
+
 def run_out(request: HttpRequest, run: Run, *, transcript: bool = False) -> dict[str, Any]:
     if transcript:
         interrupts = list(run.interrupts.order_by("seq").prefetch_related("approvals__user"))
@@ -269,12 +281,7 @@ def run_out(request: HttpRequest, run: Run, *, transcript: bool = False) -> dict
         waiting_on = run.interrupts.filter(status=Interrupt.Status.PENDING).defer("state")
         pending = waiting_on.order_by("seq").first()
     body: dict[str, Any] = {
-        "id": run.pk,
-        "action": run.action,
-        "consumer": run.consumer,
-        "status": run.status,
-        "output": run.output,
-        "error": run.error,
+        **run_fields(run),
         "interrupt": interrupt_out(request, pending) if pending else None,
     }
     if transcript:
@@ -546,11 +553,6 @@ def read_script_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
 
 # Webhooks: the token's team's endpoints, told of its events (actions.notify.webhook).
 
-WebhookEvent = Literal[
-    "interrupt.created", "interrupt.decided", "interrupt.escalated", "interrupt.expiring", "run.finished"
-]
-
-
 # Each event is one request per endpoint: a cap keeps a team from turning the server into an
 # amplifier, and the other teams' deliveries from waiting behind its own.
 MAX_WEBHOOKS_PER_TEAM = 10
@@ -596,7 +598,10 @@ def create_webhook(request: HttpRequest, payload: WebhookIn) -> Status[dict[str,
         raise HttpError(422, f"url: {problem}")
     if Webhook.objects.filter(team=token.team_id).count() >= MAX_WEBHOOKS_PER_TEAM:
         raise HttpError(422, f"a team has at most {MAX_WEBHOOKS_PER_TEAM} webhooks; delete one first")
-    hook = webhook.create(token.team_id, payload.url, sorted(set(payload.events)), actor_name(token))
+    events = sorted(set(payload.events))
+    hook = Webhook.objects.create(
+        team_id=token.team_id, url=payload.url, events=events, created_by_name=actor_name(token)
+    )
     return Status(201, {**webhook_out(hook), "secret": hook.secret})
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from typing import Any
+from typing import Any, Literal, get_args
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -461,17 +461,17 @@ def webhook_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
+# The event types an endpoint may subscribe to (the API's schema names them).
+WebhookEvent = Literal[
+    "interrupt.created", "interrupt.decided", "interrupt.escalated", "interrupt.expiring", "run.finished"
+]
+
+
 class Webhook(models.Model):
     """An endpoint of a calling application, told of its team's events, each request signed
     with the secret (Standard Webhooks)."""
 
-    EVENTS = (
-        "interrupt.created",
-        "interrupt.decided",
-        "interrupt.escalated",
-        "interrupt.expiring",
-        "run.finished",
-    )
+    EVENTS: tuple[str, ...] = get_args(WebhookEvent)
 
     team = models.ForeignKey(Team, models.CASCADE, related_name="webhooks")
     url = models.URLField(max_length=2000)

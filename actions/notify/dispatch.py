@@ -68,16 +68,9 @@ def interrupt_data(it: Interrupt) -> dict[str, Any]:
 
 
 def run_data(run: Run) -> dict[str, Any]:
-    return {
-        "id": run.pk,
-        "action": run.action,
-        "consumer": run.consumer,
-        "status": run.status,
-        "output": run.output,
-        "error": run.error,
-        "team": run.team.slug,
-        "url": absolute(run.get_absolute_url()),
-    }
+    from actions.api import run_fields
+
+    return {**run_fields(run), "team": run.team.slug, "url": absolute(run.get_absolute_url())}
 
 
 def fan_out(event: RunEvent) -> list[Notification]:

@@ -20,7 +20,7 @@ import httpx
 from django.conf import settings
 from standardwebhooks import Webhook as Signer
 
-from actions.models import Notification, Webhook
+from actions.models import Notification
 
 
 class DeliveryFailed(Exception):
@@ -117,7 +117,3 @@ def send(notification: Notification) -> int:
     if not 200 <= status_code < 300:
         raise DeliveryFailed(f"HTTP {status_code} {reason}", status_code)
     return status_code
-
-
-def create(team_id: int, url: str, events: list[str], by: str) -> Webhook:
-    return Webhook.objects.create(team_id=team_id, url=url, events=events, created_by_name=by)
