@@ -5,6 +5,7 @@ in the embedded setup and the scaled one (the delivery in a Celery worker)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -46,7 +47,14 @@ def a_run_is_told(web: Server, token: str, receiver: Receiver) -> None:
         answer = {"data": {"approved": True}}
         api.post(run["interrupt"]["resume_url"], json=answer, headers={"Prefer": "wait=20"})
         bodies = wait_for(lambda: told() if len(told()) >= 3 else None, timeout=20, what="the decisions")
-        assert [body["type"] for body in bodies] == ["interrupt.created", "interrupt.decided", "run.finished"]
+        # Deliveries run side by side and are not ordered; the body's timestamp orders them.
+        in_order = sorted(bodies, key=lambda body: datetime.fromisoformat(body["timestamp"]))
+        assert [body["type"] for body in in_order] == [
+            "interrupt.created",
+            "interrupt.decided",
+            "run.finished",
+        ]
+        assert in_order[2]["data"]["status"] == "completed"
 
 
 def test_a_webhook_hears_of_a_run_from_the_embedded_server(site: Site, receiver: Receiver) -> None:
