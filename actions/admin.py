@@ -16,14 +16,17 @@ from pydantic import ValidationError
 from actions import engine, notify
 from actions.core import describe_errors, field_errors, registry
 from actions.models import (
+    PERSON_EVENTS,
     ApiToken,
     DeliveryAttempt,
     Interrupt,
     Notification,
     Policy,
+    Preferences,
     Run,
     RunEvent,
     Team,
+    TeamChannels,
     Webhook,
 )
 
@@ -41,11 +44,41 @@ class GuardedAdmin(admin.ModelAdmin[Any]):
         return super().lookup_allowed(lookup, value, request)
 
 
+class TeamChannelsForm(forms.ModelForm[TeamChannels]):
+    email_events = forms.MultipleChoiceField(
+        choices=[(e, e) for e in PERSON_EVENTS], widget=forms.CheckboxSelectMultiple, required=False
+    )
+    slack_events = forms.MultipleChoiceField(
+        choices=[(e, e) for e in PERSON_EVENTS], widget=forms.CheckboxSelectMultiple, required=False
+    )
+
+    class Meta:
+        model = TeamChannels
+        fields = ["email_events", "slack_channel", "slack_events"]
+
+
+class TeamChannelsInline(admin.StackedInline[TeamChannels, Team]):
+    """Which events reach the team's people by mail and in Slack (without a row: all of them
+    by mail, none in Slack)."""
+
+    model = TeamChannels
+    form = TeamChannelsForm
+    can_delete = False
+
+
 @admin.register(Team)
 class TeamAdmin(GuardedAdmin):
     list_display = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
     filter_horizontal = ["members"]
+    inlines = [TeamChannelsInline]
+
+
+@admin.register(Preferences)
+class PreferencesAdmin(GuardedAdmin):
+    list_display = ["user", "email", "email_digest", "slack_user_id"]
+    search_fields = ["user__username", "user__email", "slack_user_id"]
+    autocomplete_fields = ["user"]
 
 
 class PolicyForm(forms.ModelForm[Policy]):

@@ -261,6 +261,8 @@ class Interrupt(models.Model):
         Team, models.SET_NULL, null=True, blank=True, related_name="escalated_interrupts", db_index=False
     )
     escalated_at = models.DateTimeField(null=True, blank=True)
+    # When its reviewers were reminded that the deadline is near (once).
+    reminded_at = models.DateTimeField(null=True, blank=True)
     approvals_required = models.PositiveSmallIntegerField(default=1)
     assignees = JSONField(default=list, blank=True)
     # Off: whoever started the run may not approve it (separation of duties).
@@ -409,6 +411,8 @@ class RunEvent(models.Model):
         REQUEUED = "requeued"
         EXPIRED = "expired"
         ESCALATED = "escalated"
+        # Its deadline is near and no one has decided: the reviewers are reminded.
+        EXPIRING = "expiring"
         CHECKPOINT_VIEWED = "checkpoint_viewed"
         # An action raised something unexpected: the exception text and the id callers were told.
         ERROR = "error"
@@ -522,6 +526,10 @@ class Notification(models.Model):
     )
     # The webhook-id header: the same for every attempt, so a receiver drops a duplicate.
     message_id = models.CharField(max_length=64, unique=True)
+    # A mail for someone who asked for a digest: sent with the others of the hour, in one mail.
+    digest = models.BooleanField(default=False)
+    # A mail's personal decision link (actions.web.links) is single use: when it decided.
+    link_used_at = models.DateTimeField(null=True, blank=True)
     payload = JSONField(default=dict)
     outcome = models.CharField(max_length=10, choices=Outcome.choices, default=Outcome.PENDING)
     attempts = models.PositiveIntegerField(default=0)
@@ -536,6 +544,12 @@ class Notification(models.Model):
                 fields=["next_attempt_at"],
                 name="notification_due",
                 condition=models.Q(outcome="pending"),
+            )
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(channel="webhook", webhook__isnull=False) | ~models.Q(channel="webhook"),
+                name="notification_webhook_named",
             )
         ]
 
@@ -558,3 +572,74 @@ class DeliveryAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {'ok' if self.ok else 'failed'} {self.status_code or self.error}"
+
+
+# Events a team's reviewers hear of by mail and in Slack, unless the team chooses otherwise.
+PERSON_EVENTS = ("interrupt.created", "interrupt.escalated", "interrupt.expiring", "interrupt.decided")
+
+
+def default_email_events() -> list[str]:
+    return list(PERSON_EVENTS)
+
+
+def default_slack_events() -> list[str]:
+    return list(PERSON_EVENTS)
+
+
+class TeamChannels(models.Model):
+    """Which of a team's events reach its people, and where: mail (to those who may decide, or
+    the requester for a decision) and a Slack channel."""
+
+    team = models.OneToOneField(Team, models.CASCADE, primary_key=True, related_name="channels")
+    email_events = JSONField(
+        default=default_email_events,
+        blank=True,
+        help_text="Of interrupt.created, interrupt.escalated, interrupt.expiring, interrupt.decided",
+    )
+    slack_channel = models.CharField(
+        max_length=80, blank=True, help_text="The Slack channel's id (C0123...); empty: no Slack"
+    )
+    slack_events = JSONField(default=default_slack_events, blank=True)
+
+    class Meta:
+        verbose_name = "team channels"
+        verbose_name_plural = "team channels"
+
+    def __str__(self) -> str:
+        return f"Channels of {self.team}"
+
+
+class Preferences(models.Model):
+    """A person's own choices: mail or not, one at a time or a digest; their Slack user."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, models.CASCADE, primary_key=True, related_name="grundlag_preferences"
+    )
+    email = models.BooleanField("mail me about approvals", default=True)
+    email_digest = models.BooleanField("one digest mail an hour instead of a mail each", default=False)
+    slack_user_id = models.CharField(
+        max_length=40,
+        blank=True,
+        help_text="Their Slack user id (U0123...), when their mail does not match Slack's",
+    )
+
+    class Meta:
+        verbose_name_plural = "preferences"
+
+    def __str__(self) -> str:
+        return f"Preferences of {self.user}"
+
+
+class SlackMessage(models.Model):
+    """The Slack message that asked about an interrupt, to be updated in place when it is decided."""
+
+    interrupt = models.ForeignKey(Interrupt, models.CASCADE, related_name="slack_messages")
+    channel = models.CharField(max_length=40)
+    ts = models.CharField(max_length=40)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["interrupt", "channel"], name="slackmessage_once")]
+
+    def __str__(self) -> str:
+        return f"{self.channel} {self.ts}"

@@ -314,6 +314,42 @@ GRUNDLAG_WEBHOOK_ALLOW_PRIVATE = envbool("GRUNDLAG_WEBHOOK_ALLOW_PRIVATE", "fals
 GRUNDLAG_WEBHOOK_TIMEOUT_SECONDS = envfloat("GRUNDLAG_WEBHOOK_TIMEOUT_SECONDS", "5", minimum=0.1)
 GRUNDLAG_NOTIFY_MAX_ATTEMPTS = envint("GRUNDLAG_NOTIFY_MAX_ATTEMPTS", "12", minimum=1)
 GRUNDLAG_WEBHOOK_DISABLE_AFTER_SECONDS = envint("GRUNDLAG_WEBHOOK_DISABLE_AFTER_SECONDS", "86400", minimum=60)
+# How long a claimed notification is left to its sender (a worker that died mid-send) before it
+# is sent again.
+GRUNDLAG_SEND_LEASE_SECONDS = envint("GRUNDLAG_SEND_LEASE_SECONDS", "60", minimum=1)
+# Reviewers are reminded (interrupt.expiring) this long before a deadline; mails for those who
+# chose a digest go out together this often; a mail's decision link lasts until the deadline,
+# else this many days.
+GRUNDLAG_REMIND_BEFORE_SECONDS = envint("GRUNDLAG_REMIND_BEFORE_SECONDS", "3600", minimum=60)
+GRUNDLAG_DIGEST_SECONDS = envint("GRUNDLAG_DIGEST_SECONDS", "3600", minimum=60)
+GRUNDLAG_LINK_DAYS = envint("GRUNDLAG_LINK_DAYS", "7", minimum=1)
+
+# Mail, by Django's standard settings. Without EMAIL_HOST mails are printed to the console (what
+# `make run` does), so a newcomer sees them.
+EMAIL_HOST = os.getenv("EMAIL_HOST", "")
+EMAIL_PORT = envint("EMAIL_PORT", "25", minimum=1)
+EMAIL_HOST_USER = os.getenv("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.getenv("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = envbool("EMAIL_USE_TLS", "false")
+EMAIL_USE_SSL = envbool("EMAIL_USE_SSL", "false")
+EMAIL_TIMEOUT = envint("EMAIL_TIMEOUT", "10", minimum=1)
+DEFAULT_FROM_EMAIL = os.getenv("DEFAULT_FROM_EMAIL", "Grundlag <approvals@localhost>")
+EMAIL_BACKEND = os.getenv(
+    "EMAIL_BACKEND",
+    "django.core.mail.backends.smtp.EmailBackend"
+    if EMAIL_HOST
+    else "django.core.mail.backends.console.EmailBackend",
+)
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ImproperlyConfigured("EMAIL_USE_TLS and EMAIL_USE_SSL are exclusive: set one")
+
+# Slack (actions.notify.slack): the bot's token (chat:write, users:read, users:read.email), the
+# app's signing secret for its interactions (POST /slack/interactions), and the Web API's
+# address (Slack's; tests point it at a local server).
+SLACK_BOT_TOKEN = os.getenv("SLACK_BOT_TOKEN", "")
+SLACK_SIGNING_SECRET = os.getenv("SLACK_SIGNING_SECRET", "")
+SLACK_API_URL = os.getenv("SLACK_API_URL", "https://slack.com/api/")
+
 # A step re-queued this often without recording how it ended fails its run.
 GRUNDLAG_MAX_STEP_REQUEUES = envint("GRUNDLAG_MAX_STEP_REQUEUES", "5", minimum=1)
 # Run each step in the process that queued it, right after commit, instead of in a Celery

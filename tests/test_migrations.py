@@ -10,7 +10,6 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
 from actions.drivers.base import call_binding
-from actions.models import Interrupt
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,8 +52,10 @@ def test_pauses_from_before_call_binding_resume_as_they_would_have() -> None:
 
     executor.loader.build_graph()
     executor.migrate(AFTER)
+    Interrupt: Any = executor.loader.project_state(AFTER).apps.get_model("actions", "Interrupt")
     try:
-        bindings = {it.run_id: it.binding for it in Interrupt.objects.all()}
+        # As that release's models read it (today's have columns added since).
+        bindings = dict(Interrupt.objects.values_list("run_id", "binding"))
         assert bindings[agent.pk] == call_binding("send_invoice", {"amount": 1}, turn=1, position=1)
         assert bindings[script.pk] == call_binding("send_invoice", {"amount": 3}, position=2)
         assert bindings[plain.pk] == call_binding("send_invoice")

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.utils import timezone
 
 from actions.core import describe_errors
@@ -127,4 +128,38 @@ def apply_policies(now: datetime | None = None) -> int:
             logger.warning(
                 "escalation of interrupt %s met conflicts; the next round retries it", interrupt.pk
             )
+    count += remind(now)
+    return count
+
+
+def remind(now: datetime) -> int:
+    """Remind the reviewers of interrupts whose deadline is near (interrupt.expiring), once:
+    GRUNDLAG_REMIND_BEFORE_SECONDS before it, or halfway for a deadline shorter than twice
+    that (a ten-minute deadline is not announced as expiring when it is made)."""
+    lead = timedelta(seconds=settings.GRUNDLAG_REMIND_BEFORE_SECONDS)
+    near = Interrupt.objects.filter(
+        status=Interrupt.Status.PENDING, expires_at__gt=now, expires_at__lte=now + lead, reminded_at=None
+    ).only("id", "run_id", "created_at", "expires_at")
+    count = 0
+    for interrupt in near:
+        assert interrupt.expires_at is not None
+        if interrupt.expires_at - now > (interrupt.expires_at - interrupt.created_at) / 2:
+            continue
+        with atomic():
+            reminded = Interrupt.objects.filter(
+                pk=interrupt.pk, status=Interrupt.Status.PENDING, reminded_at=None
+            ).update(reminded_at=now)
+            if reminded:
+                log(
+                    interrupt.run_id,
+                    RunEvent.Kind.EXPIRING,
+                    None,
+                    interrupt,
+                    expires_at=interrupt.expires_at.isoformat(),
+                )
+                count += 1
+    if count:
+        from actions.notify import dispatch_soon
+
+        dispatch_soon()
     return count

@@ -67,9 +67,11 @@ def decide(
     reason: str = "",
     then: Then,
     policy: str = "",
+    via: str = "",
 ) -> Interrupt:
     """Decide a pending interrupt, then ``then(run, interrupt)`` in the same transaction.
-    ``policy`` names the policy deciding it, when no one does."""
+    ``policy`` names the policy deciding it, when no one does; ``via`` where a person decided
+    from, when not the dashboard or the API (email, slack), kept in the event log."""
     now = timezone.now()
     with atomic():
         # Lock the run first: two reviewers deciding two interrupts of one agent turn (or two
@@ -123,6 +125,8 @@ def decide(
             detail["reason"] = reason
         if policy:
             detail["policy"] = policy
+        if via:
+            detail["via"] = via
         log(run, kinds.get(status, RunEvent.Kind.REJECTED), by, current, **detail)
         inbox_changed(
             "decided", current, before=current.team_ids, after=(), decided_by=current.decided_by_name
@@ -202,16 +206,18 @@ def resume_if_nothing_pending(run: Run, interrupt: Interrupt) -> None:
         hand_over(resumed, answers_of(run.pk, latest=interrupt))
 
 
-def resume(interrupt: Interrupt, data: Any, by: Actor) -> Interrupt:
+def resume(interrupt: Interrupt, data: Any, by: Actor, *, via: str = "") -> Interrupt:
     """Approve ``interrupt`` with ``data`` as the answer and queue the run to go on.
 
     Raises InvalidAnswer (nothing changed) or AlreadyDecided (someone else was first).
     """
     answer = validate_answer(interrupt, data)
-    return decide(interrupt, Interrupt.Status.APPROVED, by, answer=answer, then=resume_if_nothing_pending)
+    return decide(
+        interrupt, Interrupt.Status.APPROVED, by, answer=answer, then=resume_if_nothing_pending, via=via
+    )
 
 
-def reject(interrupt: Interrupt, reason: str, by: Actor) -> Interrupt:
+def reject(interrupt: Interrupt, reason: str, by: Actor, *, via: str = "") -> Interrupt:
     """Reject ``interrupt``. An action's run ends ``rejected``; an agent sees the reason as the
     tool's result and goes on."""
     reason = (reason or "").strip()
@@ -225,7 +231,7 @@ def reject(interrupt: Interrupt, reason: str, by: Actor) -> Interrupt:
             return
         finish_with_pending_cancelled(run, Status.REJECTED, error=reason)
 
-    return decide(interrupt, Interrupt.Status.REJECTED, by, reason=reason, then=end_or_go_on)
+    return decide(interrupt, Interrupt.Status.REJECTED, by, reason=reason, then=end_or_go_on, via=via)
 
 
 def finish_with_pending_cancelled(run: Run, status: str, *, error: str = "", by: Actor = None) -> None:

@@ -1,7 +1,7 @@
 """Delivering a notification: claimed (so two workers never send it at once), sent by its
 channel, the attempt recorded; on failure tried again after 10 s, 20 s, 40 s ... up to an hour
 between tries, GRUNDLAG_NOTIFY_MAX_ATTEMPTS in all. A worker that dies mid-send leaves the
-claim to run out (SEND_LEASE), and the periodic round sends it again: at most one duplicate,
+claim to run out (GRUNDLAG_SEND_LEASE_SECONDS), and the periodic round sends it again: at most one duplicate,
 which carries the same message id.
 
 A webhook endpoint whose deliveries have all failed for GRUNDLAG_WEBHOOK_DISABLE_AFTER_SECONDS
@@ -23,20 +23,27 @@ from django.db.models import F
 from django.utils import timezone
 
 from actions.models import DeliveryAttempt, Notification, Webhook
-from actions.notify import webhook
+from actions.notify import email, slack, webhook
+from actions.notify.base import DeliveryFailed
 
 logger = logging.getLogger(__name__)
 
 Outcome = Notification.Outcome
 
 # How long a claimed notification is left to its sender before it may be sent again.
-SEND_LEASE = timedelta(seconds=60)
 FIRST_RETRY_SECONDS = 10
 LONGEST_RETRY_SECONDS = 3600
 
 TRANSPORTS: dict[str, Callable[[Notification], int]] = {
     Notification.Channel.WEBHOOK: webhook.send,
+    Notification.Channel.EMAIL: email.send,
+    Notification.Channel.SLACK: slack.send,
 }
+
+
+def send_lease() -> timedelta:
+    """How long a claimed notification is left to its sender before it may be sent again."""
+    return timedelta(seconds=settings.GRUNDLAG_SEND_LEASE_SECONDS)
 
 
 def retry_delay(attempts: int) -> timedelta:
@@ -48,7 +55,7 @@ def _claim(notification_id: int) -> Notification | None:
     now = timezone.now()
     claimed = Notification.objects.filter(
         pk=notification_id, outcome=Outcome.PENDING, next_attempt_at__lte=now
-    ).update(next_attempt_at=now + SEND_LEASE, attempts=F("attempts") + 1)
+    ).update(next_attempt_at=now + send_lease(), attempts=F("attempts") + 1)
     if not claimed:
         return None  # delivered, given up, not due, or being sent
     return Notification.objects.select_related("webhook").get(pk=notification_id)
@@ -69,7 +76,7 @@ def deliver(notification_id: int) -> bool | None:
     else:
         try:
             status_code = TRANSPORTS[notification.channel](notification)
-        except webhook.DeliveryFailed as exc:
+        except DeliveryFailed as exc:
             status_code, error = exc.status_code, str(exc)
         except Exception as exc:  # a channel's own bug must not lose the notification
             logger.exception("notification %s: sending failed", notification.pk)

@@ -15,7 +15,18 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, close_old_connections, transaction
 from django.utils import timezone
 
-from actions.models import Fanout, Interrupt, Notification, Run, RunEvent, Webhook
+from actions.models import (
+    Fanout,
+    Interrupt,
+    Notification,
+    Preferences,
+    Run,
+    RunEvent,
+    SlackMessage,
+    TeamChannels,
+    Webhook,
+)
+from actions.notify.base import absolute
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +39,7 @@ TYPES: dict[str, str] = {
     Kind.REJECTED: "interrupt.decided",
     Kind.EXPIRED: "interrupt.decided",
     Kind.ESCALATED: "interrupt.escalated",
+    Kind.EXPIRING: "interrupt.expiring",
     Kind.COMPLETED: "run.finished",
     Kind.FAILED: "run.finished",
     Kind.CANCELLED: "run.finished",
@@ -50,10 +62,6 @@ def event_type(event: RunEvent) -> str | None:
     return kind
 
 
-def absolute(path: str) -> str:
-    return settings.GRUNDLAG_BASE_URL.rstrip("/") + path
-
-
 def interrupt_data(it: Interrupt) -> dict[str, Any]:
     """The interrupt as the API lists it (never its checkpoint), with its run and its page."""
     from actions.api import transcript_entry
@@ -63,6 +71,7 @@ def interrupt_data(it: Interrupt) -> dict[str, Any]:
         "run_id": it.run_id,
         "action": it.action,
         "team": it.team.slug,
+        "expires_at": it.expires_at,
         "url": absolute(it.get_absolute_url()),
     }
 
@@ -78,9 +87,10 @@ def fan_out(event: RunEvent) -> list[Notification]:
     kind = event_type(event)
     if kind is None:
         return []
+    it: Interrupt | None = None
     if kind.startswith("interrupt."):
         assert event.interrupt_id is not None  # the interrupt's own events name it
-        it = Interrupt.objects.select_related("team").get(pk=event.interrupt_id)
+        it = Interrupt.objects.select_related("team", "run").get(pk=event.interrupt_id)
         team_ids, data = it.team_ids, interrupt_data(it)
     else:
         run = Run.objects.select_related("team").get(pk=event.run_id)
@@ -88,19 +98,114 @@ def fan_out(event: RunEvent) -> list[Notification]:
     # As JSON once, as the API would write it (times in ISO 8601), for every recipient.
     body = json.loads(json.dumps({"type": kind, "timestamp": event.at, "data": data}, cls=DjangoJSONEncoder))
     made = []
-    for hook in Webhook.objects.filter(team_id__in=team_ids, disabled_at=None):
-        if kind in hook.events:
-            made.append(
-                Notification.objects.create(
-                    event=event,
-                    type=kind,
-                    channel=Notification.Channel.WEBHOOK,
-                    webhook=hook,
-                    message_id=f"msg_{event.pk}_w{hook.pk}",
-                    payload=body,
-                )
+
+    def notify(channel: str, key: str, payload: dict[str, Any], **fields: Any) -> None:
+        made.append(
+            Notification.objects.create(
+                event=event,
+                type=kind,
+                channel=channel,
+                message_id=f"msg_{event.pk}_{key}",
+                payload=payload,
+                **fields,
             )
+        )
+
+    # A webhook hears of what happened after it was registered, not the day before.
+    hooks = Webhook.objects.filter(team_id__in=team_ids, disabled_at=None, created_at__lte=event.at)
+    for hook in hooks:
+        if kind in hook.events:
+            notify(Notification.Channel.WEBHOOK, f"w{hook.pk}", body, webhook=hook)
+    if it is not None:
+        _to_people(it, kind, body, notify)
+    elif settings.SLACK_BOT_TOKEN:
+        # Its end cancelled what was still asked in Slack: those messages say so.
+        asked = SlackMessage.objects.filter(
+            interrupt__run_id=event.run_id, interrupt__status=Interrupt.Status.CANCELLED
+        ).values_list("interrupt_id", flat=True)
+        for interrupt_id in sorted(set(asked)):
+            notify(Notification.Channel.SLACK, f"s{interrupt_id}", {**body, "slack_interrupt": interrupt_id})
     return made
+
+
+def _routing(team_id: int) -> TeamChannels:
+    return TeamChannels.objects.filter(team_id=team_id).first() or TeamChannels(team_id=team_id)
+
+
+def _to_people(it: Interrupt, kind: str, body: dict[str, Any], notify: Any) -> None:
+    """Mail and Slack: to those who may decide it (its assignees, when it names any), or for a
+    decision to whoever asked; routed by the team's choice of events and each person's."""
+    # Escalated: the team it went to hears of it, with that team's routing.
+    team_id = it.escalate_to_id if kind == "interrupt.escalated" and it.escalate_to_id else it.team_id
+    routing = _routing(team_id)
+    people = _people(it, kind, [team_id] if kind == "interrupt.escalated" else it.team_ids)
+    if kind in routing.email_events:
+        for user in people:
+            prefs = _preferences(user)
+            if not prefs.email or not user.email:
+                continue
+            digest = prefs.email_digest and kind != "interrupt.decided"
+            notify(
+                Notification.Channel.EMAIL,
+                f"u{user.pk}",
+                body,
+                recipient=user,
+                digest=digest,
+                next_attempt_at=_digest_slot() if digest else timezone.now(),
+            )
+    if not settings.SLACK_BOT_TOKEN or kind not in routing.slack_events:
+        return
+    if kind in ("interrupt.decided", "interrupt.expiring"):
+        # Told where it was asked: the messages are updated, or answered in their threads.
+        asked = (
+            SlackMessage.objects.filter(interrupt=it).exists()
+            or Notification.objects.filter(
+                event__interrupt=it, channel=Notification.Channel.SLACK, type__in=ASKING
+            ).exists()
+        )
+        if asked:
+            notify(Notification.Channel.SLACK, "s", body)
+    elif it.assignees:
+        # Assigned: to the assignees alone, as direct messages.
+        for user in people:
+            notify(Notification.Channel.SLACK, f"d{user.pk}", {**body, "slack_user": user.pk}, recipient=user)
+    elif routing.slack_channel:
+        notify(Notification.Channel.SLACK, f"s{team_id}", {**body, "slack_channel": routing.slack_channel})
+
+
+# The events that post a new Slack message (the others update it).
+ASKING = ("interrupt.created", "interrupt.escalated")
+
+
+def _people(it: Interrupt, kind: str, team_ids: list[int]) -> list[Any]:
+    from django.contrib.auth import get_user_model
+
+    users = get_user_model().objects.filter(is_active=True)
+    if kind == "interrupt.decided":
+        # The one who asked, told of the answer (not when they decided it themselves).
+        asked_by = it.run.started_by_id
+        if asked_by is None or asked_by == it.decided_by_id:
+            return []
+        return list(users.filter(pk=asked_by))
+    users = users.filter(teams__in=team_ids).distinct()
+    if it.assignees:
+        users = users.filter(username__in=it.assignees)
+    return list(users.select_related("grundlag_preferences").order_by("pk"))
+
+
+def _preferences(user: Any) -> Preferences:
+    try:
+        prefs: Preferences = user.grundlag_preferences
+    except Preferences.DoesNotExist:
+        return Preferences(user=user)
+    return prefs
+
+
+def _digest_slot() -> Any:
+    """When the digest that a mail made now goes in is sent: the end of the current period."""
+    period = settings.GRUNDLAG_DIGEST_SECONDS
+    now = timezone.now()
+    return now + timedelta(seconds=period - now.timestamp() % period)
 
 
 def dispatch() -> int:

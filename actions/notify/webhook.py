@@ -21,13 +21,7 @@ from django.conf import settings
 from standardwebhooks import Webhook as Signer
 
 from actions.models import Notification
-
-
-class DeliveryFailed(Exception):
-    def __init__(self, error: str, status_code: int | None = None) -> None:
-        super().__init__(error)
-        self.status_code = status_code
-
+from actions.notify.base import DeliveryFailed
 
 # Public by Python's count, yet a way back into a private network: NAT64 and 6to4 embed an
 # IPv4 address that a gateway may route to.

@@ -25,6 +25,40 @@ def as_data(value: Any) -> SafeString:
     return mark_safe(_render(value, 0))  # noqa: S308 - every leaf below goes through escape()
 
 
+@register.filter
+def as_text(value: Any) -> str:
+    """JSON as indented ``key: value`` lines, for a plain-text mail."""
+    return "\n".join(_text_lines(value, 0)) or "(nothing)"
+
+
+def _text_lines(value: Any, depth: int) -> list[str]:
+    pad = "  " * depth
+    if depth >= MAX_DEPTH:
+        return [pad + "(too deep to show)"]
+    if isinstance(value, dict):
+        lines = []
+        for key, item in value.items():
+            if isinstance(item, (dict, list)) and item:
+                lines += [f"{pad}{key}:", *_text_lines(item, depth + 1)]
+            else:
+                lines.append(f"{pad}{key}: {_scalar(item)}")
+        return lines
+    if isinstance(value, list):
+        lines = []
+        for item in value:
+            inner = _text_lines(item, depth + 1)
+            lines.append(f"{pad}- {inner[0].strip()}" if inner else f"{pad}-")
+            lines += inner[1:]
+        return lines
+    return [pad + _scalar(value)]
+
+
+def _scalar(value: Any) -> str:
+    if value is None or isinstance(value, bool) or value == {} or value == []:
+        return json.dumps(value)
+    return str(value)
+
+
 TOO_DEEP = '<span class="muted too-deep">(too deep to show)</span>'
 
 

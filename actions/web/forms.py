@@ -108,3 +108,15 @@ class RejectForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 2}),
         help_text="Required. The run ends rejected with this reason.",
     )
+
+
+def answer_form(interrupt: Any, data: Any = None) -> SchemaForm | ApprovalForm:
+    """The form that approves ``interrupt``: its action's answer model's, or a plain approval.
+    Never prefilled with an earlier approver's answer (N-of-M): each approver enters theirs,
+    so a safeguard such as retyping an id holds for each."""
+    from actions.core import registry
+
+    act = registry.find(interrupt.action)
+    if act is not None and act.answer_model is not None:
+        return form_for_schema(act.answer_schema() or {})(data, prefix="answer")
+    return ApprovalForm(data, prefix="answer")

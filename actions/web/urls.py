@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from actions.web import history, views
+from actions.web import history, links, slack, views
 
 urlpatterns = [
     path("", views.inbox, name="inbox"),
@@ -16,4 +16,8 @@ urlpatterns = [
     path("start/<str:name>/", views.start_action, name="start_action"),
     path("history/", history.history, name="history"),
     path("history/export.csv", history.export_csv, name="history_export"),
+    path("settings/notifications/", views.preferences, name="notification-preferences"),
+    # A mail's personal decision link, and Slack's interactions (signed by Slack, not a session).
+    path("d/<str:token>/", links.decision_link, name="decision-link"),
+    path("slack/interactions", slack.interactions, name="slack-interactions"),
 ]

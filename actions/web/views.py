@@ -12,6 +12,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.db.models import Count, Q
+from django.forms import ModelForm
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
@@ -20,8 +21,8 @@ from django_htmx.middleware import HtmxDetails
 
 from actions import engine
 from actions.core import UnknownAction, registry
-from actions.models import InboxStream, Interrupt, Run, RunEvent, Team
-from actions.web.forms import ApprovalForm, RejectForm, SchemaForm, form_for_schema
+from actions.models import InboxStream, Interrupt, Preferences, Run, RunEvent, Team
+from actions.web.forms import ApprovalForm, RejectForm, SchemaForm, answer_form, form_for_schema
 
 
 class AuthenticatedRequest(HttpRequest):
@@ -118,15 +119,6 @@ def inbox(request: AuthenticatedRequest) -> HttpResponse:
 # One interrupt and its decision
 
 
-def _answer_form(interrupt: Interrupt, data: Any = None) -> SchemaForm | ApprovalForm:
-    # Never prefilled with an earlier approver's answer (N-of-M): it is shown beside the form,
-    # and each approver enters theirs, so a safeguard such as retyping an id holds for each.
-    act = registry.find(interrupt.action)
-    if act is not None and act.answer_model is not None:
-        return form_for_schema(act.answer_schema() or {})(data, prefix="answer")
-    return ApprovalForm(data, prefix="answer")
-
-
 def _decision_context(request: AuthenticatedRequest, interrupt: Interrupt, **extra: Any) -> dict[str, Any]:
     can_decide = _can_decide(request.user, interrupt)
     approvals = engine.counted_approvals(interrupt) if interrupt.is_pending else []
@@ -143,7 +135,7 @@ def _decision_context(request: AuthenticatedRequest, interrupt: Interrupt, **ext
         "agreed_answer": approvals[0].answer if approvals else None,
         "you_approved": any(a.user_id == request.user.pk for a in approvals),
         "why_not": engine.why_not(request.user, interrupt),
-        "answer_form": _answer_form(interrupt) if can_decide else None,
+        "answer_form": answer_form(interrupt) if can_decide else None,
         "reject_form": RejectForm(prefix="reject") if can_decide else None,
     }
     context.update(extra)
@@ -226,7 +218,7 @@ def _decide(
 @require_POST
 def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     interrupt = _get_interrupt_for_user(request.user, pk)
-    form = _answer_form(interrupt, request.POST)
+    form = answer_form(interrupt, request.POST)
     decided = _decide(
         request,
         interrupt,
@@ -405,3 +397,23 @@ def runs(request: AuthenticatedRequest) -> HttpResponse:
         "actions/runs.html",
         {"runs": visible[:100], "status": status, "q": query, "statuses": Run.Status.choices},
     )
+
+
+# A person's own notification settings
+
+
+class PreferencesForm(ModelForm[Preferences]):
+    class Meta:
+        model = Preferences
+        fields = ["email", "email_digest"]
+
+
+@login_required
+def preferences(request: AuthenticatedRequest) -> HttpResponse:
+    prefs = Preferences.objects.filter(user=request.user).first() or Preferences(user=request.user)
+    form = PreferencesForm(request.POST or None, instance=prefs)
+    if request.method == "POST" and form.is_valid():
+        form.save()
+        messages.success(request, "Saved.")
+        return redirect("notification-preferences")
+    return render(request, "actions/preferences.html", {"form": form, "has_email": bool(request.user.email)})

@@ -1,0 +1,197 @@
+"""Slack, with the official slack-sdk's Web API client (SLACK_BOT_TOKEN, SLACK_API_URL): a
+message per pending interrupt in the team's channel (or to its assignees directly) with Approve,
+Reject and Open buttons; the message updated in place once it is decided, however it was
+decided; a reminder in its thread before the deadline. The buttons come back to
+actions.web.slack, which decides through the engine."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError, SlackClientError
+
+from actions.models import Interrupt, Notification, Preferences, SlackMessage
+from actions.notify.base import DeliveryFailed, absolute
+
+APPROVE, REJECT, OPEN = "grundlag_approve", "grundlag_reject", "grundlag_open"
+VERDICTS = {"approved": "Approved", "rejected": "Rejected", "expired": "Expired", "cancelled": "Cancelled"}
+
+
+def client() -> WebClient:
+    return WebClient(
+        token=settings.SLACK_BOT_TOKEN,
+        base_url=settings.SLACK_API_URL,
+        timeout=int(settings.GRUNDLAG_WEBHOOK_TIMEOUT_SECONDS) or 1,
+    )
+
+
+def escape(text: Any) -> str:
+    """Text for Slack's mrkdwn: its three control characters escaped, nothing else."""
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _value(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return escape(text if len(text) <= 200 else text[:200] + "…")
+
+
+def _when(value: Any) -> str:
+    return timezone.localtime(value).strftime("%Y-%m-%d %H:%M %Z") if value else ""
+
+
+def blocks(interrupt: Interrupt) -> list[dict[str, Any]]:
+    """The message: the question, its data, where it comes from, and while pending the buttons;
+    once decided, who decided and when in their place."""
+    shown: list[dict[str, Any]] = [
+        {"type": "section", "text": {"type": "mrkdwn", "text": f"*{escape(interrupt.message)[:2900]}*"}}
+    ]
+    data = interrupt.data if isinstance(interrupt.data, dict) else {"data": interrupt.data}
+    fields = [
+        {"type": "mrkdwn", "text": f"*{escape(key)}*\n{_value(item)}"}
+        for key, item in list(data.items())[:10]
+    ]
+    if fields:
+        shown.append({"type": "section", "fields": fields})
+    where = f"{escape(interrupt.team.name)} · {escape(interrupt.action)} · run {interrupt.run_id}"
+    if interrupt.expires_at and interrupt.is_pending:
+        where += f" · deadline {_when(interrupt.expires_at)}"
+    shown.append({"type": "context", "elements": [{"type": "mrkdwn", "text": where}]})
+    url = absolute(interrupt.get_absolute_url())
+    if interrupt.is_pending:
+        value = str(interrupt.pk)
+        shown.append(
+            {
+                "type": "actions",
+                "block_id": f"grundlag_{interrupt.pk}",
+                "elements": [
+                    {
+                        "type": "button",
+                        "action_id": APPROVE,
+                        "style": "primary",
+                        "value": value,
+                        "text": {"type": "plain_text", "text": "Approve"},
+                    },
+                    {
+                        "type": "button",
+                        "action_id": REJECT,
+                        "style": "danger",
+                        "value": value,
+                        "text": {"type": "plain_text", "text": "Reject"},
+                    },
+                    {
+                        "type": "button",
+                        "action_id": OPEN,
+                        "url": url,
+                        "text": {"type": "plain_text", "text": "Open"},
+                    },
+                ],
+            }
+        )
+    else:
+        shown.append({"type": "section", "text": {"type": "mrkdwn", "text": verdict(interrupt)}})
+    return shown
+
+
+def verdict(interrupt: Interrupt) -> str:
+    said = VERDICTS.get(interrupt.status, interrupt.status.capitalize())
+    who = escape(interrupt.decided_by_name or "policy")
+    text = f"*{said}* by {who} at {_when(interrupt.decided_at)}"
+    if interrupt.reason:
+        text += f"\n>{escape(interrupt.reason)[:500]}"
+    return text
+
+
+def summary(interrupt: Interrupt) -> str:
+    """The notification's plain text (what phones and screen readers show)."""
+    if interrupt.is_pending:
+        return f"Approval needed: {interrupt.message}"[:300]
+    return f"{VERDICTS.get(interrupt.status, interrupt.status)}: {interrupt.message}"[:300]
+
+
+def slack_user_of(user: Any) -> str:
+    """A person's Slack user id: set in their preferences, else found by their mail address."""
+    prefs = Preferences.objects.filter(user=user).first()
+    if prefs is not None and prefs.slack_user_id:
+        return prefs.slack_user_id
+    if not user.email:
+        raise DeliveryFailed(f"{user.get_username()} has no mail address to find in Slack")
+    try:
+        found = client().users_lookupByEmail(email=user.email)
+    except SlackApiError as exc:
+        raise DeliveryFailed(
+            f"{user.get_username()} is not found in Slack: {exc.response.get('error')}"
+        ) from None
+    return str(found["user"]["id"])
+
+
+def send(notification: Notification) -> int:
+    # A run's end cancels its pending interrupts: their messages are named in the payload.
+    interrupt_id = notification.event.interrupt_id or notification.payload.get("slack_interrupt")
+    if interrupt_id is None:
+        raise DeliveryFailed("a Slack notification is about an interrupt")
+    interrupt = Interrupt.objects.select_related("team").get(pk=interrupt_id)
+    try:
+        if notification.type in ("interrupt.created", "interrupt.escalated"):
+            _ask(notification, interrupt)
+        elif notification.type == "interrupt.expiring":
+            _remind(interrupt)
+        else:
+            _update(interrupt)
+    except SlackApiError as exc:
+        raise DeliveryFailed(f"Slack said {exc.response.get('error')}", exc.response.status_code) from None
+    except SlackClientError as exc:
+        raise DeliveryFailed(f"{type(exc).__name__}: {exc}"[:500]) from None
+    except OSError as exc:  # refused, timed out
+        raise DeliveryFailed(f"{type(exc).__name__}: {exc}"[:500]) from None
+    return 200
+
+
+def _ask(notification: Notification, interrupt: Interrupt) -> None:
+    to = notification.payload.get("slack_channel") or ""
+    if not to and notification.recipient is not None:
+        to = slack_user_of(notification.recipient)  # a direct message
+    if not to:
+        raise DeliveryFailed("no Slack channel or user to post to")
+    posted = client().chat_postMessage(channel=to, text=summary(interrupt), blocks=blocks(interrupt))
+    SlackMessage.objects.get_or_create(
+        interrupt=interrupt, channel=str(posted["channel"]), defaults={"ts": str(posted["ts"])}
+    )
+
+
+def _pending_ask(interrupt: Interrupt) -> bool:
+    return Notification.objects.filter(
+        event__interrupt=interrupt,
+        channel=Notification.Channel.SLACK,
+        type__in=("interrupt.created", "interrupt.escalated"),
+        outcome=Notification.Outcome.PENDING,
+    ).exists()
+
+
+def _update(interrupt: Interrupt) -> None:
+    messages = list(SlackMessage.objects.filter(interrupt=interrupt))
+    if not messages and _pending_ask(interrupt):
+        raise DeliveryFailed("the message to update is not posted yet")
+    web = client()
+    for message in messages:
+        web.chat_update(
+            channel=message.channel, ts=message.ts, text=summary(interrupt), blocks=blocks(interrupt)
+        )
+
+
+def _remind(interrupt: Interrupt) -> None:
+    if not interrupt.is_pending:
+        return
+    messages = list(SlackMessage.objects.filter(interrupt=interrupt))
+    if not messages and _pending_ask(interrupt):
+        raise DeliveryFailed("the message to remind in is not posted yet")
+    web = client()
+    for message in messages:
+        web.chat_postMessage(
+            channel=message.channel,
+            thread_ts=message.ts,
+            text=f"Still waiting: the deadline is {_when(interrupt.expires_at)}.",
+        )

@@ -1,0 +1,110 @@
+"""The page a mail's decision link opens (actions.notify.links). GET and HEAD only show the
+question and the form: mail scanners and link previewers follow links, and decide nothing. The
+POST decides as the link's recipient, through the engine with every rule of the dashboard,
+and uses the link up. A link that was changed, used, has expired or whose interrupt is already
+decided gets a page that says so, and changes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_http_methods
+
+from actions import engine
+from actions.models import Notification
+from actions.notify import links
+from actions.web.forms import ApprovalForm, RejectForm, SchemaForm, answer_form
+
+
+def _page(request: HttpRequest, status: int, **context: Any) -> HttpResponse:
+    response = render(request, "actions/link.html", context, status=status)
+    # The token is in the address: keep it out of other sites' Referer headers.
+    response["Referrer-Policy"] = "no-referrer"
+    return response
+
+
+@never_cache
+@require_http_methods(["GET", "HEAD", "POST"])
+def decision_link(request: HttpRequest, token: str) -> HttpResponse:
+    try:
+        opened = links.open_link(token)
+    except links.Invalid:
+        return _page(request, 404, problem="invalid")
+    notification, interrupt = opened.notification, opened.interrupt
+    person = notification.recipient
+    assert person is not None  # open_link finds mails only
+    context: dict[str, Any] = {"interrupt": interrupt, "person": person, "token": token}
+    if not interrupt.is_pending:
+        return _page(request, 410, problem="decided", **context)
+    if notification.link_used_at is not None:
+        return _page(request, 410, problem="used", used_at=notification.link_used_at, **context)
+    expires = links.expires_at(notification, interrupt)
+    if timezone.now() >= expires:
+        return _page(request, 410, problem="expired", expired_at=expires, **context)
+    if not person.is_active or not engine.may_decide(person, interrupt):
+        why = engine.why_not(person, interrupt) if person.is_active else "this account is disabled"
+        return _page(request, 403, problem="not_allowed", why=why, **context)
+    may_not_approve = engine.separation_of_duties(person, interrupt)
+    context.update(
+        expires_at=expires, may_not_approve=may_not_approve, approvals=engine.counted_approvals(interrupt)
+    )
+    if request.method != "POST":
+        return _page(
+            request,
+            200,
+            answer_form=answer_form(interrupt),
+            reject_form=RejectForm(prefix="reject"),
+            **context,
+        )
+    return _decide(request, notification, context)
+
+
+def _decide(request: HttpRequest, notification: Notification, context: dict[str, Any]) -> HttpResponse:
+    interrupt, person = context["interrupt"], context["person"]
+    approving = request.POST.get("decision") == "approve"
+    form: SchemaForm | ApprovalForm | RejectForm = (
+        answer_form(interrupt, request.POST) if approving else RejectForm(request.POST, prefix="reject")
+    )
+    forms = {
+        "answer_form": form if approving else answer_form(interrupt),
+        "reject_form": form if not approving else RejectForm(prefix="reject"),
+    }
+    if approving and context["may_not_approve"]:
+        return _page(request, 403, error=context["may_not_approve"], **forms, **context)
+    if not form.is_valid():
+        return _page(request, 422, open_reject=not approving, **forms, **context)
+    # Single use: the link is taken before the decision, and given back if nothing was decided.
+    now = timezone.now()
+    taken = Notification.objects.filter(pk=notification.pk, link_used_at=None).update(link_used_at=now)
+    if not taken:
+        return _page(request, 410, problem="used", used_at=now, **context)
+    try:
+        if approving:
+            assert not isinstance(form, RejectForm)
+            decided = engine.resume(interrupt, form.payload(), person, via="email")
+        else:
+            decided = engine.reject(interrupt, form.cleaned_data["reason"], person, via="email")
+    except engine.InvalidInput as exc:
+        _give_back(notification)
+        if isinstance(form, RejectForm):
+            form.add_error("reason", str(exc))
+        else:
+            form.add_model_errors(exc.errors)
+        return _page(request, 422, open_reject=not approving, **forms, **context)
+    except engine.AlreadyDecided as exc:
+        _give_back(notification)
+        return _page(request, 410, problem="decided", **{**context, "interrupt": exc.interrupt})
+    except (engine.NotAllowed, engine.PayloadTooLarge, engine.Busy) as exc:
+        _give_back(notification)
+        return _page(
+            request, 403 if isinstance(exc, engine.NotAllowed) else 503, error=str(exc), **forms, **context
+        )
+    return _page(request, 200, done=decided, **context)
+
+
+def _give_back(notification: Notification) -> None:
+    Notification.objects.filter(pk=notification.pk).update(link_used_at=None)
