@@ -139,7 +139,7 @@ def test_opening_the_link_decides_nothing_and_its_post_decides_as_its_recipient_
         assert response.status_code == 200
     page = client.get(link)
     assert b"Deciding as <strong>reviewer1</strong>" in page.content and b"INV-7" in page.content
-    assert page["Referrer-Policy"] == "no-referrer"
+    assert page["Referrer-Policy"] == "same-origin"
     interrupt.refresh_from_db()
     assert interrupt.is_pending, "GET and HEAD never decide"
 

@@ -22,8 +22,9 @@ from actions.web.forms import ApprovalForm, RejectForm, SchemaForm, answer_form
 
 def _page(request: HttpRequest, status: int, **context: Any) -> HttpResponse:
     response = render(request, "actions/link.html", context, status=status)
-    # The token is in the address: keep it out of other sites' Referer headers.
-    response["Referrer-Policy"] = "no-referrer"
+    # The token is in the address: keep it out of other sites' Referer headers (same-origin:
+    # "no-referrer" would send its own form's POST with "Origin: null", which CSRF refuses).
+    response["Referrer-Policy"] = "same-origin"
     return response
 
 

@@ -162,13 +162,61 @@
       inbox.count = Math.max(0, inbox.count - 1);
     } else if (is && frame.html) {
       insertRow(el, frame.html);
-      if (!was) { inbox.count += 1; }
+      if (!was) {
+        inbox.count += 1;
+        announce(frame.interrupt_id);
+      }
     }
     showCount(el);
     // Rows were decided away from a longer list: fetch the next ones before it runs dry.
     var listed = rows().children.length;
     var limit = parseInt(el.dataset.limit || "200", 10);
     if (inbox.count > listed && listed < limit / 2) { refetch(el); }
+  }
+
+  // Browser notifications, opted into per browser (the Notifications page, or the inbox's
+  // button): a new approval while this tab is in the background shows one; clicking it opens
+  // the approval here.
+  var NOTIFY_KEY = "grundlag-browser-notifications";
+  function notifying() {
+    return "Notification" in window && Notification.permission === "granted" &&
+      window.localStorage.getItem(NOTIFY_KEY) === "on";
+  }
+  function announce(interruptId) {
+    if (!document.hidden || !notifying()) { return; }
+    var row = document.getElementById("interrupt-" + interruptId);
+    var link = row ? row.querySelector("a.message") : null;
+    if (!link) { return; }
+    var note = new Notification("New approval (" + inbox.count + " waiting)", {
+      body: link.textContent.trim(), tag: "grundlag-interrupt-" + interruptId
+    });
+    note.onclick = function () { window.focus(); window.location.href = link.href; note.close(); };
+  }
+  function showNotifyState(button) {
+    var said = document.getElementById(button.id + "-state");
+    var on = notifying();
+    button.hidden = !("Notification" in window) || Notification.permission === "denied";
+    button.textContent = on ? "Turn off notifications" : "Turn on notifications";
+    button.setAttribute("aria-pressed", on ? "true" : "false");
+    if (said) {
+      said.textContent = !("Notification" in window) ? "This browser cannot show notifications." :
+        Notification.permission === "denied" ? "Blocked in this browser's site settings." :
+        on ? "On in this browser." : "Off in this browser.";
+    }
+  }
+  function setUpNotifyButton(button) {
+    showNotifyState(button);
+    button.addEventListener("click", function () {
+      if (notifying()) {
+        window.localStorage.removeItem(NOTIFY_KEY);
+        showNotifyState(button);
+        return;
+      }
+      Notification.requestPermission().then(function (permission) {
+        if (permission === "granted") { window.localStorage.setItem(NOTIFY_KEY, "on"); }
+        showNotifyState(button);
+      });
+    });
   }
 
   // A fetch of the list that failed is tried again, later each time, up to half a minute.
@@ -206,6 +254,8 @@
   document.addEventListener("DOMContentLoaded", function () {
     var el = section();
     if (el) { adopt(el); }
+    var button = document.getElementById("browser-notifications");
+    if (button) { setUpNotifyButton(button); }
   });
   // htmx does not swap error responses; say what went wrong instead of doing nothing.
   function flash(text) {

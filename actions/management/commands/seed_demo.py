@@ -74,6 +74,8 @@ class Command(BaseCommand):
                 user.is_staff = user.is_superuser = staff
                 # Demo passwords are fixed so a second `make run` prints the same ones.
                 user.set_password(os.getenv("DEMO_PASSWORD", f"{username}-demo"))
+                # Mail goes to the console under `make run`: a newcomer sees what reviewers get.
+                user.email = user.email or f"{username}@example.com"
                 user.save()
                 people[username] = user
             team.members.add(people["reviewer1"], people["reviewer2"])
