@@ -213,6 +213,13 @@ def test_an_endpoint_failing_for_a_day_is_disabled_saying_why_and_gets_nothing_m
     notify.dispatch()
     assert Notification.objects.count() == 1 and len(receiver.received) == 1
 
+    # The team sees it in its inbox; another team does not.
+    client.force_login(reviewer)
+    warning = client.get("/").content.decode()
+    assert "A webhook of Finance is disabled and hears of nothing" in warning and "HTTP 503" in warning
+    client.force_login(User.objects.create_user("payroll-reviewer"))
+    assert "is disabled" not in client.get("/").content.decode()
+
 
 def test_an_approval_counted_toward_several_decides_nothing_yet(
     client: Client, token_key: str, team: Team, reviewer: User, second_reviewer: User, receiver: Receiver

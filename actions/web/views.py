@@ -21,7 +21,7 @@ from django_htmx.middleware import HtmxDetails
 
 from actions import engine
 from actions.core import UnknownAction, registry
-from actions.models import InboxStream, Interrupt, Preferences, Run, RunEvent, Team
+from actions.models import InboxStream, Interrupt, Preferences, Run, RunEvent, Team, Webhook
 from actions.web.forms import ApprovalForm, RejectForm, SchemaForm, answer_form, form_for_schema
 
 
@@ -110,6 +110,10 @@ def inbox(request: AuthenticatedRequest) -> HttpResponse:
         "team_slug": team_slug,
         "action_name": action_name,
         "action_names": sorted({a.name for a in registry.all()}),
+        # An endpoint of the team's that stopped being told: the team should know.
+        "disabled_webhooks": list(
+            Webhook.objects.filter(team__in=teams, disabled_at__isnull=False).select_related("team")
+        ),
     }
     if _htmx(request):
         return render(request, "actions/partials/inbox_list.html", context)
