@@ -4,6 +4,7 @@ the `standardwebhooks` package, as a calling application would."""
 from __future__ import annotations
 
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -16,12 +17,18 @@ class Receiver:
     def __init__(self) -> None:
         self.received: list[tuple[dict[str, str], bytes]] = []
         self.codes: list[int] = []
+        # Seconds to hold the next requests before answering (a slow endpoint).
+        self.delays: list[float] = []
+        self.arrived = threading.Event()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 body = self.rfile.read(int(self.headers["content-length"]))
                 receiver.received.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                receiver.arrived.set()
+                if receiver.delays:
+                    time.sleep(receiver.delays.pop(0))
                 code = receiver.codes.pop(0) if receiver.codes else 200
                 self.send_response(code)
                 self.send_header("content-length", "0")

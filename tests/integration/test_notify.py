@@ -4,13 +4,16 @@ in the embedded setup and the scaled one (the delivery in a Celery worker)."""
 
 from __future__ import annotations
 
+import json
+import signal
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 import pytest
 
-from tests.integration.processes import Server, Site, wait_for
+from tests.integration.processes import Server, Site, stop, wait_for
 from tests.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.integration
@@ -67,3 +70,40 @@ def test_a_webhook_hears_of_a_run_through_a_celery_worker(scaled_site: Site, rec
     web = scaled_site.daphne()
     scaled_site.worker("w1")
     a_run_is_told(web, scaled_site.token, receiver)
+
+
+def test_a_webhook_whose_worker_was_killed_mid_send_is_delivered_by_another(
+    scaled_site: Site, receiver: Receiver
+) -> None:
+    """The worker sending a notification is SIGKILLed while the endpoint holds the request;
+    once its claim runs out, the periodic round hands it to another worker: delivered, at most
+    one duplicate, under the same webhook-id."""
+    scaled_site.env.update(
+        GRUNDLAG_WEBHOOK_ALLOW_PRIVATE="true",
+        GRUNDLAG_SEND_LEASE_SECONDS="3",
+        GRUNDLAG_WEBHOOK_TIMEOUT_SECONDS="30",
+        GRUNDLAG_SWEEP_SECONDS="1",
+    )
+    web = scaled_site.daphne()
+    doomed = scaled_site.worker("w1")
+    receiver.delays = [60]  # the first request hangs until its sender is gone
+    with web.client(scaled_site.token) as api:
+        hook = api.post("/api/webhooks", json={"url": receiver.url, "events": ["interrupt.created"]}).json()
+        run = api.post(
+            "/api/runs",
+            json={"action": "send_invoice", "input": {"invoice_id": "K-1", "amount": 1}},
+            headers={"Prefer": "wait=20"},
+        ).json()
+    assert run["status"] == "interrupted", run
+    assert receiver.arrived.wait(20), "the first worker never sent it"
+    stop(doomed, signal.SIGKILL)
+    scaled_site.worker("w2")
+    scaled_site.beat()
+    wait_for(lambda: len(receiver.received) >= 2 or None, timeout=30, what="the delivery by the other worker")
+    time.sleep(2)  # nothing more comes: it is delivered
+    ids = [headers["webhook-id"] for headers, _ in receiver.received]
+    assert len(ids) == 2 and ids[0] == ids[1], "one duplicate, under the same id"
+    (body,) = {json.dumps(b, sort_keys=True) for b in receiver.verified(hook["secret"])}
+    assert json.loads(body)["data"]["run_id"] == run["id"]
+    outcome = scaled_site.sql("SELECT outcome, attempts FROM actions_notification WHERE channel = 'webhook'")
+    assert outcome == [("delivered", 2)]
