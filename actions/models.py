@@ -516,6 +516,7 @@ class Notification(models.Model):
         PENDING = "pending"  # to be sent at next_attempt_at (or being sent, until then)
         DELIVERED = "delivered"
         FAILED = "failed"  # gave up: out of attempts, or the endpoint is disabled
+        SKIPPED = "skipped"  # no longer for its recipient (left the team, mail off): not sent
 
     event = models.ForeignKey(RunEvent, models.CASCADE, related_name="notifications")
     type = models.CharField(max_length=40)  # interrupt.created, ...
@@ -625,6 +626,13 @@ class Preferences(models.Model):
 
     class Meta:
         verbose_name_plural = "preferences"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["slack_user_id"],
+                condition=~models.Q(slack_user_id=""),
+                name="preferences_slack_user_once",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"Preferences of {self.user}"

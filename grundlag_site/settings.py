@@ -349,6 +349,9 @@ if EMAIL_USE_TLS and EMAIL_USE_SSL:
 SLACK_BOT_TOKEN = os.getenv("SLACK_BOT_TOKEN", "")
 SLACK_SIGNING_SECRET = os.getenv("SLACK_SIGNING_SECRET", "")
 SLACK_API_URL = os.getenv("SLACK_API_URL", "https://slack.com/api/")
+# The workspace's id (T0123...): interactions from any other (a shared channel, a second
+# installation) are refused. Without it, the bot token's own workspace (Slack's auth.test).
+SLACK_TEAM_ID = os.getenv("SLACK_TEAM_ID", "")
 
 # A step re-queued this often without recording how it ended fails its run.
 GRUNDLAG_MAX_STEP_REQUEUES = envint("GRUNDLAG_MAX_STEP_REQUEUES", "5", minimum=1)

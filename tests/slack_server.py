@@ -56,9 +56,10 @@ class SlackServer:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def add_user(self, user_id: str, email: str, *, confirmed: bool = True) -> None:
+    def add_user(self, user_id: str, email: str, *, confirmed: bool = True, team: str = "T0TEST") -> None:
         self.users[user_id] = {
             "id": user_id,
+            "team_id": team,
             "name": email.split("@")[0],
             "is_email_confirmed": confirmed,
             "profile": {"email": email},
@@ -84,6 +85,8 @@ class SlackServer:
             }
         if method in ("chat.update", "chat.postEphemeral"):
             return {"ok": True, "channel": channel, "ts": params.get("ts", ts), "message_ts": ts}
+        if method == "auth.test":
+            return {"ok": True, "team_id": "T0TEST", "user_id": "UBOT", "bot_id": "BBOT"}
         if method == "views.open":
             return {"ok": True, "view": {"id": "V1", **params.get("view", {})}}
         if method == "users.info":
@@ -113,10 +116,13 @@ def signed(
     return body, {"X-Slack-Request-Timestamp": timestamp, "X-Slack-Signature": f"v0={digest}"}
 
 
-def button(action_id: str, interrupt_id: int, user_id: str, channel: str = "C0FINANCE") -> dict[str, Any]:
+def button(
+    action_id: str, interrupt_id: int, user_id: str, channel: str = "C0FINANCE", team: str = "T0TEST"
+) -> dict[str, Any]:
     return {
         "type": "block_actions",
-        "user": {"id": user_id},
+        "team": {"id": team},
+        "user": {"id": user_id, "team_id": team},
         "channel": {"id": channel},
         "trigger_id": "trigger-1",
         "actions": [{"action_id": action_id, "value": str(interrupt_id), "type": "button"}],
@@ -134,6 +140,7 @@ def submission(view: dict[str, Any], values: dict[str, Any], user_id: str) -> di
             state[block_id] = {"value": {"type": "plain_text_input", "value": value}}
     return {
         "type": "view_submission",
-        "user": {"id": user_id},
+        "team": {"id": "T0TEST"},
+        "user": {"id": user_id, "team_id": "T0TEST"},
         "view": {**view, "state": {"values": state}},
     }

@@ -125,6 +125,35 @@ def test_a_digest_sends_the_periods_mails_as_one(team: Team, people: dict[str, U
     assert set(due.values_list("outcome", flat=True)) == {"delivered"}
 
 
+def test_a_mail_no_longer_for_its_recipient_is_not_sent(team: Team, people: dict[str, User]) -> None:
+    """Chosen when the event was told, sent an hour later (a digest): by then the person has
+    left the team, or turned mail off. It is not sent, and says why."""
+    Preferences.objects.create(user=people["reviewer"], email_digest=True)
+    Preferences.objects.create(user=people["second"], email_digest=True)
+    start(team)
+    told()
+    team.members.remove(people["reviewer"])
+    Preferences.objects.filter(user=people["second"]).update(email=False)
+    Notification.objects.filter(digest=True).update(next_attempt_at=timezone.now())
+    notify.deliver_due()
+    assert mail.outbox == []
+    reasons = sorted(
+        Notification.objects.filter(outcome="skipped").values_list("delivery_attempts__error", flat=True)
+    )
+    assert reasons == [
+        "not sent: the recipient is no longer in the interrupt's team",
+        "not sent: the recipient turned mail off",
+    ]
+
+
+def test_what_cannot_wait_is_not_held_for_the_digest(team: Team, people: dict[str, User]) -> None:
+    Preferences.objects.create(user=people["reviewer"], email_digest=True)
+    Policy.objects.create(team=team, action="send_invoice", deadline_minutes=20)
+    start(team)
+    told()
+    assert sorted(m.to[0] for m in mail.outbox) == ["reviewer1@example.com", "reviewer2@example.com"]
+
+
 # The decision link
 
 
@@ -325,6 +354,10 @@ def test_unsigned_stale_unmapped_or_unauthorised_clicks_change_nothing(
     interact(client, button("grundlag_approve", interrupt.pk, "U8"))
     slack.add_user("U7", "payroll1@example.com")
     interact(client, button("grundlag_approve", interrupt.pk, "U7"))
+    # A shared channel's user of another workspace, whose admins set their mail to ours: the
+    # bot's own workspace (auth.test, or SLACK_TEAM_ID) is the only one heard.
+    slack.add_user("U6", "reviewer1@example.com", team="T0OTHER")
+    assert interact(client, button("grundlag_approve", interrupt.pk, "U6", team="T0OTHER")).status_code == 403
     told_privately = [call["text"] for call in slack.called("chat.postEphemeral")]
     assert len(told_privately) == 3
     assert "link your Slack account" in told_privately[0]

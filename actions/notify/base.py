@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.conf import settings
 
+from actions.models import Notification, Preferences, Team
+
 
 class DeliveryFailed(Exception):
     """A channel could not deliver; the attempt is recorded with this and tried again later."""
@@ -11,6 +13,28 @@ class DeliveryFailed(Exception):
     def __init__(self, error: str, status_code: int | None = None) -> None:
         super().__init__(error)
         self.status_code = status_code
+
+
+class NotSent(Exception):
+    """The notification is no longer for its recipient (they left the team, turned mail off, or
+    were disabled since it was made): recorded, not sent, not retried."""
+
+
+def still_for(notification: Notification) -> str:
+    """Why a person's notification must not be sent now, or "". Its recipients were chosen when
+    the event was fanned out; a digest or a retry may send it an hour later."""
+    user = notification.recipient
+    if user is None:
+        return ""
+    if not user.is_active:
+        return "the recipient's account is disabled"
+    prefs = Preferences.objects.filter(user=user).first()
+    if notification.channel == Notification.Channel.EMAIL and prefs is not None and not prefs.email:
+        return "the recipient turned mail off"
+    interrupt = notification.event.interrupt
+    if interrupt is not None and not Team.objects.filter(pk__in=interrupt.team_ids, members=user).exists():
+        return "the recipient is no longer in the interrupt's team"
+    return ""
 
 
 def absolute(path: str) -> str:

@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from actions.models import DeliveryAttempt, Notification, Webhook
 from actions.notify import email, slack, webhook
-from actions.notify.base import DeliveryFailed
+from actions.notify.base import DeliveryFailed, NotSent, still_for
 
 logger = logging.getLogger(__name__)
 
@@ -71,11 +71,17 @@ def deliver(notification_id: int) -> bool | None:
     began = time.perf_counter()
     status_code: int | None = None
     error = ""
+    if hook is None and (why := still_for(notification)):
+        skip(notification, why)
+        return False
     if hook is not None and hook.disabled_at is not None:
         error = f"the endpoint is disabled: {hook.disabled_reason}"
     else:
         try:
             status_code = TRANSPORTS[notification.channel](notification)
+        except NotSent as exc:
+            skip(notification, str(exc))
+            return False
         except DeliveryFailed as exc:
             status_code, error = exc.status_code, str(exc)
         except Exception as exc:  # a channel's own bug must not lose the notification
@@ -130,6 +136,15 @@ def _record(
             )
             if disabled:
                 logger.warning("webhook %s disabled: %s", hook.pk, error)
+
+
+def skip(notification: Notification, why: str) -> None:
+    """Not sent, and not to be: the attempt says why."""
+    with transaction.atomic():
+        DeliveryAttempt.objects.create(notification=notification, ok=False, error=f"not sent: {why}"[:500])
+        Notification.objects.filter(pk=notification.pk, outcome=Outcome.PENDING).update(
+            outcome=Outcome.SKIPPED
+        )
 
 
 def redeliver(notification_ids: list[int]) -> int:

@@ -144,14 +144,20 @@ def _to_people(it: Interrupt, kind: str, body: dict[str, Any], notify: Any) -> N
             prefs = _preferences(user)
             if not prefs.email or not user.email:
                 continue
-            digest = prefs.email_digest and kind != "interrupt.decided"
+            # A digest holds what can wait: not a reminder, nor what expires before it is sent.
+            slot = _digest_slot()
+            digest = (
+                prefs.email_digest
+                and kind in ASKING
+                and not (it.expires_at is not None and it.expires_at <= slot)
+            )
             notify(
                 Notification.Channel.EMAIL,
                 f"u{user.pk}",
                 body,
                 recipient=user,
                 digest=digest,
-                next_attempt_at=_digest_slot() if digest else timezone.now(),
+                next_attempt_at=slot if digest else timezone.now(),
             )
     if not settings.SLACK_BOT_TOKEN or kind not in routing.slack_events:
         return
@@ -186,7 +192,8 @@ def _people(it: Interrupt, kind: str, team_ids: list[int]) -> list[Any]:
         asked_by = it.run.started_by_id
         if asked_by is None or asked_by == it.decided_by_id:
             return []
-        return list(users.filter(pk=asked_by))
+        # Still in its team: someone who has left hears no more of it.
+        return list(users.filter(pk=asked_by, teams__in=team_ids).distinct())
     users = users.filter(teams__in=team_ids).distinct()
     if it.assignees:
         users = users.filter(username__in=it.assignees)

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from actions.models import DeliveryAttempt, Notification
 from actions.notify import links
-from actions.notify.base import DeliveryFailed, absolute
+from actions.notify.base import DeliveryFailed, absolute, still_for
 
 # The kinds that ask for a decision, and so carry a link to make it.
 ASKING = ("interrupt.created", "interrupt.escalated", "interrupt.expiring")
@@ -79,9 +79,9 @@ def message(notification: Notification, items: list[dict[str, Any]]) -> EmailMul
 
 def _claim_digest(notification: Notification) -> list[Notification]:
     """The recipient's other digest mails that are due, claimed for this one."""
-    now = timezone.now()
-    from actions.notify.delivery import send_lease
+    from actions.notify.delivery import send_lease, skip
 
+    now = timezone.now()
     due = Notification.objects.filter(
         recipient_id=notification.recipient_id,
         channel=Notification.Channel.EMAIL,
@@ -94,7 +94,11 @@ def _claim_digest(notification: Notification) -> list[Notification]:
         taken = Notification.objects.filter(
             pk=other.pk, outcome=Notification.Outcome.PENDING, next_attempt_at__lte=now
         ).update(next_attempt_at=now + send_lease(), attempts=F("attempts") + 1)
-        if taken:
+        if not taken:
+            continue
+        if why := still_for(other):
+            skip(other, why)
+        else:
             mine.append(other)
     return mine
 

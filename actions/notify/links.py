@@ -1,7 +1,8 @@
 """A mail's personal decision link: signed (Django's signing, with SECRET_KEY), bound to its
-recipient and its interrupt, single use, and expiring at the interrupt's deadline, else after
-GRUNDLAG_LINK_DAYS. The token names the notification that carried it, which records its use;
-nothing secret is stored. Opened by actions.web.links."""
+recipient and its interrupt, single use, and expiring at the interrupt's deadline or after
+GRUNDLAG_LINK_DAYS, whichever is first. Whoever holds the mail may decide as its recipient, once:
+like a password-reset mail, it must not be forwarded. The token names the notification that
+carried it, which records its use; nothing secret is stored. Opened by actions.web.links."""
 
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ def url(notification: Notification, interrupt_id: int) -> str:
 
 
 def expires_at(notification: Notification, interrupt: Interrupt) -> datetime:
-    return interrupt.expires_at or notification.created_at + timedelta(days=settings.GRUNDLAG_LINK_DAYS)
+    """The deadline, or GRUNDLAG_LINK_DAYS after the mail if that comes first."""
+    latest = notification.created_at + timedelta(days=settings.GRUNDLAG_LINK_DAYS)
+    return min(interrupt.expires_at, latest) if interrupt.expires_at else latest
 
 
 @dataclass

@@ -51,7 +51,7 @@ def blocks(interrupt: Interrupt) -> list[dict[str, Any]]:
     ]
     data = interrupt.data if isinstance(interrupt.data, dict) else {"data": interrupt.data}
     fields = [
-        {"type": "mrkdwn", "text": f"*{escape(key)}*\n{_value(item)}"}
+        {"type": "mrkdwn", "text": f"*{escape(str(key)[:100])}*\n{_value(item)}"}
         for key, item in list(data.items())[:10]
     ]
     if fields:
@@ -73,6 +73,13 @@ def blocks(interrupt: Interrupt) -> list[dict[str, Any]]:
                         "action_id": APPROVE,
                         "style": "primary",
                         "value": value,
+                        # One click in a busy channel is easily a mistake: Slack asks first.
+                        "confirm": {
+                            "title": {"type": "plain_text", "text": "Approve?"},
+                            "text": {"type": "plain_text", "text": interrupt.message[:300] or "Approve?"},
+                            "confirm": {"type": "plain_text", "text": "Approve"},
+                            "deny": {"type": "plain_text", "text": "Not yet"},
+                        },
                         "text": {"type": "plain_text", "text": "Approve"},
                     },
                     {
@@ -106,10 +113,10 @@ def verdict(interrupt: Interrupt) -> str:
 
 
 def summary(interrupt: Interrupt) -> str:
-    """The notification's plain text (what phones and screen readers show)."""
-    if interrupt.is_pending:
-        return f"Approval needed: {interrupt.message}"[:300]
-    return f"{VERDICTS.get(interrupt.status, interrupt.status)}: {interrupt.message}"[:300]
+    """The notification's text (what phones and screen readers show), escaped: a message that
+    says <!channel> or <https://elsewhere|Approve> must not ping or link."""
+    said = "Approval needed" if interrupt.is_pending else VERDICTS.get(interrupt.status, interrupt.status)
+    return f"{said}: {escape(interrupt.message[:300])}"
 
 
 def slack_user_of(user: Any) -> str:

@@ -15,7 +15,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 
 from actions import engine
-from actions.models import Notification
+from actions.models import Notification, Team
 from actions.notify import links
 from actions.web.forms import ApprovalForm, RejectForm, SchemaForm, answer_form
 
@@ -38,6 +38,12 @@ def decision_link(request: HttpRequest, token: str) -> HttpResponse:
     notification, interrupt = opened.notification, opened.interrupt
     person = notification.recipient
     assert person is not None  # open_link finds mails only
+    # Who first: someone no longer active or no longer in the interrupt's teams learns nothing
+    # of it here (the dashboard would answer them 404).
+    if not person.is_active:
+        return _page(request, 403, problem="not_allowed", person=person, why="their account is disabled")
+    if not Team.objects.filter(pk__in=interrupt.team_ids, members=person).exists():
+        return _page(request, 403, problem="not_allowed", person=person, why="they are no longer in its team")
     context: dict[str, Any] = {"interrupt": interrupt, "person": person, "token": token}
     if not interrupt.is_pending:
         return _page(request, 410, problem="decided", **context)
@@ -46,12 +52,17 @@ def decision_link(request: HttpRequest, token: str) -> HttpResponse:
     expires = links.expires_at(notification, interrupt)
     if timezone.now() >= expires:
         return _page(request, 410, problem="expired", expired_at=expires, **context)
-    if not person.is_active or not engine.may_decide(person, interrupt):
-        why = engine.why_not(person, interrupt) if person.is_active else "this account is disabled"
-        return _page(request, 403, problem="not_allowed", why=why, **context)
-    may_not_approve = engine.separation_of_duties(person, interrupt)
+    if not engine.may_decide(person, interrupt):
+        return _page(request, 403, problem="not_allowed", why=engine.why_not(person, interrupt), **context)
+    approvals = engine.counted_approvals(interrupt)
+    if any(a.user_id == person.pk for a in approvals):
+        return _page(request, 410, problem="approved", approvals=approvals, **context)
     context.update(
-        expires_at=expires, may_not_approve=may_not_approve, approvals=engine.counted_approvals(interrupt)
+        expires_at=expires,
+        may_not_approve=engine.separation_of_duties(person, interrupt),
+        approvals=approvals,
+        # What the approvals so far agreed on (N-of-M): a different answer starts the count again.
+        agreed_answer=approvals[0].answer if approvals else None,
     )
     if request.method != "POST":
         return _page(

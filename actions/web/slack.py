@@ -56,13 +56,36 @@ def interactions(request: HttpRequest) -> HttpResponse:
         payload = json.loads(request.POST.get("payload", ""))
         kind = payload["type"]
         slack_user = str(payload["user"]["id"])
-    except (ValueError, KeyError, TypeError):
+        workspace = (payload.get("team") or {}).get("id") or payload["user"].get("team_id")
+    except (ValueError, KeyError, TypeError, AttributeError):
         return HttpResponse("not an interaction payload", status=400)
+    if workspace != home_workspace():
+        # A shared channel (Slack Connect) or a second installation: another organisation's
+        # users, whose mail addresses that organisation controls, decide nothing here.
+        return HttpResponse("not this workspace", status=403)
     if kind == "block_actions":
         return _button(payload, slack_user)
     if kind == "view_submission":
         return _submitted(payload, slack_user)
     return HttpResponse(status=200)  # other interactions are not ours: acknowledged, ignored
+
+
+_home: dict[tuple[str, str], str] = {}
+
+
+def home_workspace() -> str:
+    """The workspace whose people may decide: SLACK_TEAM_ID, else the bot token's own (Slack's
+    auth.test, asked once per process)."""
+    if settings.SLACK_TEAM_ID:
+        return str(settings.SLACK_TEAM_ID)
+    key = (settings.SLACK_BOT_TOKEN, settings.SLACK_API_URL)
+    if key not in _home:
+        try:
+            _home[key] = str(slack.client().auth_test()["team_id"])
+        except (SlackApiError, SlackClientError, OSError, KeyError) as exc:
+            logger.warning("Slack auth.test failed, so no workspace is trusted yet: %s", exc)
+            return ""
+    return _home[key]
 
 
 def person(slack_user: str) -> Any:
@@ -79,8 +102,12 @@ def person(slack_user: str) -> Any:
     except (SlackApiError, SlackClientError, OSError) as exc:
         logger.warning("Slack users.info for %s failed: %s", slack_user, exc)
         raise Refused("Slack could not tell me who you are; try again, or decide in the dashboard.") from None
+    if info.get("deleted") or info.get("is_restricted") or info.get("is_ultra_restricted"):
+        raise Refused("Guests and deactivated Slack accounts cannot decide here; use the dashboard.")
+    if info.get("team_id") != home_workspace():
+        raise Refused("Your Slack account is of another workspace; use the dashboard.")
     email = (info.get("profile") or {}).get("email") or ""
-    if not email or info.get("is_email_confirmed") is False:
+    if not email or info.get("is_email_confirmed") is not True:
         raise Refused("Your Slack account has no confirmed mail address, so I cannot tell who you are here.")
     matches = list(User.objects.filter(email__iexact=email, is_active=True)[:2])
     if len(matches) != 1:
