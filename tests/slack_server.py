@@ -24,6 +24,7 @@ class SlackServer:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.times: list[float] = []  # when each call arrived (epoch seconds)
         self.users: dict[str, dict[str, Any]] = {}
         self.failures: list[str] = []  # the next calls answer {"ok": false, "error": ...}
         self._ts = itertools.count(1)
@@ -68,6 +69,7 @@ class SlackServer:
     def answer(self, method: str, params: dict[str, Any], authorization: str) -> dict[str, Any]:
         with self.lock:
             self.calls.append((method, params))
+            self.times.append(time.time())
             if authorization != f"Bearer {TOKEN}":
                 return {"ok": False, "error": "invalid_auth"}
             if self.failures:

@@ -20,12 +20,14 @@ class Receiver:
         # Seconds to hold the next requests before answering (a slow endpoint).
         self.delays: list[float] = []
         self.arrived = threading.Event()
+        self.times: list[float] = []  # when each request arrived (epoch seconds)
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 body = self.rfile.read(int(self.headers["content-length"]))
                 receiver.received.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                receiver.times.append(time.time())
                 receiver.arrived.set()
                 if receiver.delays:
                     time.sleep(receiver.delays.pop(0))

@@ -1,0 +1,112 @@
+"""Reaching reviewers: the time from a new interrupt's commit to its mail in an SMTP server
+(aiosmtpd), its webhook at a receiver, and its Slack message at a local server speaking Slack's
+Web API, on the embedded setup (`manage.py serve`, SQLite) as `make run` serves it, with SMTP,
+Slack and the webhook configured. Runs are started one after another through the API; each
+interrupt's `created_at` (stamped in its transaction, just before the commit) is the start.
+
+    python -m bench.notify_latency [--runs 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import percentile, served_site  # noqa: E402
+from tests.integration.processes import wait_for  # noqa: E402
+from tests.slack_server import SIGNING_SECRET, TOKEN, SlackServer  # noqa: E402
+from tests.smtp_server import Mailbox, text_of  # noqa: E402
+from tests.webhook_receiver import Receiver  # noqa: E402
+
+
+def line(what: str, samples: list[float]) -> str:
+    ordered = sorted(samples)
+    return (
+        f"  {what:<28} p50 {ordered[len(ordered) // 2]:7.1f} ms   p99 {percentile(samples, 0.99):7.1f} ms"
+        f"   max {ordered[-1]:7.1f} ms   ({len(samples)})"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=40)
+    args = parser.parse_args()
+    mailbox, slack, receiver = Mailbox(), SlackServer(), Receiver()
+    created: dict[str, float] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="grundlag-bench-") as tmp:
+            url = f"sqlite:///{tmp}/bench.sqlite3"
+            channels = served_site(
+                Path(tmp),
+                url,
+                scaled=False,
+                EMAIL_HOST="127.0.0.1",
+                EMAIL_PORT=str(mailbox.port),
+                SLACK_BOT_TOKEN=TOKEN,
+                SLACK_SIGNING_SECRET=SIGNING_SECRET,
+                SLACK_API_URL=slack.url,
+                GRUNDLAG_WEBHOOK_ALLOW_PRIVATE="true",
+            )
+            with channels as (site, server, token):
+                site.manage(
+                    "shell",
+                    "-c",
+                    "from actions.models import Team, TeamChannels;"
+                    "TeamChannels.objects.create(team=Team.objects.get(slug='demo'), slack_channel='C0DEMO')",
+                )
+                with server.client(token) as api:
+                    hook = api.post(
+                        "/api/webhooks", json={"url": receiver.url, "events": ["interrupt.created"]}
+                    )
+                    assert hook.status_code == 201, hook.text
+                    for n in range(args.runs):
+                        invoice = f"BENCH-{n:04d}"
+                        run = api.post(
+                            "/api/runs",
+                            json={"action": "send_invoice", "input": {"invoice_id": invoice, "amount": 1}},
+                            headers={"Prefer": "wait=20"},
+                        ).json()
+                        assert run["status"] == "interrupted", run
+                        stamp = run["interrupt"]["created_at"].replace("Z", "+00:00")
+                        created[invoice] = datetime.fromisoformat(stamp).timestamp()
+                        time.sleep(0.05)
+                wanted = args.runs
+                wait_for(lambda: len(mailbox.messages) >= 2 * wanted or None, timeout=60, what="the mails")
+                wait_for(lambda: len(receiver.received) >= wanted or None, timeout=60, what="the webhooks")
+                wait_for(
+                    lambda: len(slack.called("chat.postMessage")) >= wanted or None, timeout=60, what="Slack"
+                )
+        mail_ms = []
+        for arrived, message in mailbox.messages:
+            invoice = next(i for i in created if i in text_of(message))
+            mail_ms.append((arrived - created[invoice]) * 1000)
+        hook_ms = []
+        for (_, body), arrived in zip(receiver.received, receiver.times, strict=True):
+            invoice = next(i for i in created if i.encode() in body)
+            hook_ms.append((arrived - created[invoice]) * 1000)
+        slack_ms = []
+        for (method, params), arrived in zip(slack.calls, slack.times, strict=True):
+            if method == "chat.postMessage":
+                invoice = next(i for i in created if i in str(params["blocks"]))
+                slack_ms.append((arrived - created[invoice]) * 1000)
+    finally:
+        mailbox.stop()
+        slack.stop()
+        receiver.stop()
+    print(
+        f"From an interrupt's commit to the reviewer, embedded (manage.py serve, SQLite), {args.runs} runs:"
+    )
+    print(line("mail in the SMTP server", mail_ms))
+    print(line("webhook at the receiver", hook_ms))
+    print(line("Slack chat.postMessage", slack_ms))
+
+
+if __name__ == "__main__":
+    main()
