@@ -102,9 +102,10 @@ def _escalate(interrupt: Interrupt, target: Team, now: datetime) -> bool:
 
 
 def apply_policies(now: datetime | None = None) -> int:
-    """Fire due deadlines and escalations. Each is a conditional change on a pending
-    interrupt, so it happens once, and a reviewer deciding at the same moment either wins
-    (the policy then does nothing) or is told the policy decided first."""
+    """Fire due deadlines and escalations (how many), and remind of near deadlines. Each is a
+    conditional change on a pending interrupt, so it happens once, and a reviewer deciding at
+    the same moment either wins (the policy then does nothing) or is told the policy decided
+    first."""
     now = now or timezone.now()
     count = 0
     for interrupt in Interrupt.objects.filter(status=Interrupt.Status.PENDING, expires_at__lte=now):
@@ -128,7 +129,7 @@ def apply_policies(now: datetime | None = None) -> int:
             logger.warning(
                 "escalation of interrupt %s met conflicts; the next round retries it", interrupt.pk
             )
-    count += remind(now)
+    remind(now)  # not counted: it decides nothing
     return count
 
 

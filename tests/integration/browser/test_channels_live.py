@@ -156,7 +156,7 @@ def test_a_new_approval_shows_a_desktop_notification_while_the_tab_is_in_the_bac
     expect(page.locator("#inbox-count")).to_have_text("1")
     page.evaluate("window.__hidden = true")
     start_invoice(server, site.token, "NOTE-2")
-    page.wait_for_function("window.__shown.length === 1")
-    shown = page.evaluate("window.__shown")
+    # Polled from here: the page's Content-Security-Policy forbids wait_for_function's eval.
+    shown = wait_for(lambda: page.evaluate("window.__shown") or None, timeout=15, what="the notification")
     assert shown == [{"title": "New approval (2 waiting)", "body": "Approve sending the invoice?"}]
     assert page.title().startswith("(2) ")
