@@ -59,7 +59,8 @@ class TeamChannelsForm(forms.ModelForm[TeamChannels]):
 
 class TeamChannelsInline(admin.StackedInline[TeamChannels, Team]):
     """Which events reach the team's people by mail and in Slack (without a row: all of them
-    by mail, none in Slack)."""
+    by mail; in Slack, with SLACK_BOT_TOKEN set, assigned approvals to their assignees directly,
+    and no channel)."""
 
     model = TeamChannels
     form = TeamChannelsForm

@@ -591,7 +591,7 @@ class TeamChannels(models.Model):
     """Which of a team's events reach its people, and where: mail (to those who may decide, or
     the requester for a decision) and a Slack channel."""
 
-    team = models.OneToOneField(Team, models.CASCADE, primary_key=True, related_name="channels")
+    team = models.OneToOneField(Team, models.CASCADE, primary_key=True, related_name="routing")
     email_events = JSONField(
         default=default_email_events,
         blank=True,

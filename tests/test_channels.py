@@ -1,5 +1,5 @@
 """Reaching people: mail (Django's mail outbox here; a real SMTP server in
-tests/integration/test_channels.py), the personal decision link, Slack against a local server
+tests/integration/browser/test_channels_live.py), the personal decision link, Slack against a local server
 speaking its Web API with signed interactions posted back, reminders, routing and preferences."""
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def test_a_digest_sends_the_periods_mails_as_one(team: Team, people: dict[str, U
     due = Notification.objects.filter(digest=True)
     assert due.count() == 2 and all(n.next_attempt_at > timezone.now() for n in due)
     due.update(next_attempt_at=timezone.now())
-    assert notify.deliver_due() == 2
+    assert notify.deliver_due() == 1, "one sender for a person's digest, which takes the rest"
     digests = [m for m in mail.outbox if m.to == ["reviewer1@example.com"]]
     assert len(digests) == 1, "one mail for both"
     assert digests[0].subject == "[Grundlag approvals] 2 approvals for you"
@@ -126,23 +126,27 @@ def test_a_digest_sends_the_periods_mails_as_one(team: Team, people: dict[str, U
 
 
 def test_a_mail_no_longer_for_its_recipient_is_not_sent(team: Team, people: dict[str, User]) -> None:
-    """Chosen when the event was told, sent an hour later (a digest): by then the person has
-    left the team, or turned mail off. It is not sent, and says why."""
+    """Chosen when the event was told, sent an hour later (a digest): by then one person has
+    left the team, and one approval was decided. Those are not sent, and say why."""
     Preferences.objects.create(user=people["reviewer"], email_digest=True)
     Preferences.objects.create(user=people["second"], email_digest=True)
-    start(team)
+    start(team, invoice_id="STILL-1", amount=1)
+    decided = start(team, invoice_id="GONE-1", amount=1)
     told()
+    engine.reject(decided, "sent by hand", people["second"])
     team.members.remove(people["reviewer"])
-    Preferences.objects.filter(user=people["second"]).update(email=False)
     Notification.objects.filter(digest=True).update(next_attempt_at=timezone.now())
-    notify.deliver_due()
-    assert mail.outbox == []
+    while notify.deliver_due():
+        pass
+    (digest,) = mail.outbox
+    assert digest.to == ["reviewer2@example.com"] and "STILL-1" in digest.body and "GONE-1" not in digest.body
     reasons = sorted(
         Notification.objects.filter(outcome="skipped").values_list("delivery_attempts__error", flat=True)
     )
     assert reasons == [
+        "not sent: it was rejected meanwhile",
         "not sent: the recipient is no longer in the interrupt's team",
-        "not sent: the recipient turned mail off",
+        "not sent: the recipient is no longer in the interrupt's team",
     ]
 
 
@@ -418,8 +422,84 @@ def test_a_person_turns_their_mail_off_or_to_a_digest(client: Client, people: di
     client.force_login(people["reviewer"])
     page = client.get("/settings/notifications/")
     assert page.status_code == 200 and b"Your notifications" in page.content
-    response = client.post("/settings/notifications/", {"email_digest": "on"})
-    assert response.status_code == 302
+    refused = client.post("/settings/notifications/", {"email_digest": "on"})
+    assert refused.status_code == 200 and b"A digest is mail" in refused.content
+    assert not Preferences.objects.exists()
+    assert client.post("/settings/notifications/", {"email": "on", "email_digest": "on"}).status_code == 302
+    assert client.post("/settings/notifications/", {}).status_code == 302
     prefs = Preferences.objects.get(user=people["reviewer"])
-    assert (prefs.email, prefs.email_digest) == (False, True)
+    assert (prefs.email, prefs.email_digest) == (False, False)
     assert Run.objects.count() == 0
+
+
+def test_an_escalation_mails_the_team_it_went_to(
+    team: Team, other_team: Team, people: dict[str, User]
+) -> None:
+    Policy.objects.create(team=team, action="send_invoice", escalate_after_minutes=10, escalate_to=other_team)
+    start(team)
+    told()
+    mail.outbox.clear()
+    assert engine.apply_policies(now=timezone.now() + timedelta(minutes=11)) == 1
+    told()
+    (escalated,) = mail.outbox
+    assert escalated.to == ["payroll1@example.com"]
+    assert escalated.subject == "[Grundlag approvals] Escalated to your team: Approve sending the invoice?"
+    assert "/d/" in escalated.body
+
+
+def test_a_link_is_used_up_with_its_decision_or_not_at_all(team: Team, people: dict[str, User]) -> None:
+    """What the engine's ``also`` raises undoes the decision it ran in (the link's use is one
+    transaction with the decision)."""
+    interrupt = start(team)
+
+    class Refused(Exception):
+        pass
+
+    def used_elsewhere() -> None:
+        raise Refused
+
+    with pytest.raises(Refused):
+        engine.resume(interrupt, {"approved": True}, people["reviewer"], also=used_elsewhere)
+    interrupt.refresh_from_db()
+    assert interrupt.is_pending and not RunEvent.objects.filter(interrupt=interrupt, kind="approved").exists()
+
+
+def test_a_decision_before_its_slack_message_is_posted_still_reaches_the_message(
+    team: Team, people: dict[str, User], slack: SlackServer
+) -> None:
+    slack.failures = ["ratelimited"]  # the first post fails, and is retried later
+    interrupt = start(team)
+    told()
+    assert not SlackMessage.objects.exists()
+    engine.resume(interrupt, {"approved": True}, people["reviewer"])
+    told()
+    decided = Notification.objects.get(type="interrupt.decided", channel="slack")
+    assert decided.outcome == "pending", "held until the message it updates is posted"
+    Notification.objects.filter(outcome="pending").update(next_attempt_at=timezone.now())
+    while notify.deliver_due():
+        Notification.objects.filter(outcome="pending").update(next_attempt_at=timezone.now())
+    posted = slack.called("chat.postMessage")[-1]
+    assert not any(b["type"] == "actions" for b in posted["blocks"]), "posted late, as decided"
+    assert "*Approved* by reviewer1" in str(slack.called("chat.update")[-1]["blocks"])
+    assert set(Notification.objects.filter(channel="slack").values_list("outcome", flat=True)) == {
+        "delivered"
+    }
+
+
+def test_a_cancelled_runs_message_says_so_and_a_missing_channel_is_not_retried(
+    team: Team, people: dict[str, User], slack: SlackServer
+) -> None:
+    interrupt = start(team)
+    told()
+    engine.cancel(interrupt.run, people["reviewer"])
+    told()
+    assert "*Cancelled* by reviewer1" in str(slack.called("chat.update")[-1]["blocks"])
+
+    slack.failures = ["channel_not_found"]
+    start(team)
+    told()
+    failed = Notification.objects.filter(channel="slack").latest("pk")
+    assert failed.outcome == "skipped"
+    assert (
+        failed.delivery_attempts.get().error == "not sent: Slack said channel_not_found, which no retry mends"
+    )

@@ -68,10 +68,13 @@ def decide(
     then: Then,
     policy: str = "",
     via: str = "",
+    also: Callable[[], None] | None = None,
 ) -> Interrupt:
     """Decide a pending interrupt, then ``then(run, interrupt)`` in the same transaction.
     ``policy`` names the policy deciding it, when no one does; ``via`` where a person decided
-    from, when not the dashboard or the API (email, slack), kept in the event log."""
+    from, when not the dashboard or the API (email, slack), kept in the event log. ``also`` runs
+    in the same transaction once the decision is allowed: what it raises undoes the decision
+    (a mail's link is used up with it, or not at all)."""
     now = timezone.now()
     with atomic():
         # Lock the run first: two reviewers deciding two interrupts of one agent turn (or two
@@ -85,6 +88,8 @@ def decide(
             raise NotAllowed(why_not(by, current))
         if not policy and status == Interrupt.Status.APPROVED and (rule := separation_of_duties(by, current)):
             raise NotAllowed(rule)
+        if also is not None:
+            also()
         counted_detail: dict[str, Any] = {}
         if status == Interrupt.Status.APPROVED and current.approvals_required > 1 and not policy:
             agreed = _count_approval(run, current, by, answer)
@@ -206,18 +211,28 @@ def resume_if_nothing_pending(run: Run, interrupt: Interrupt) -> None:
         hand_over(resumed, answers_of(run.pk, latest=interrupt))
 
 
-def resume(interrupt: Interrupt, data: Any, by: Actor, *, via: str = "") -> Interrupt:
+def resume(
+    interrupt: Interrupt, data: Any, by: Actor, *, via: str = "", also: Callable[[], None] | None = None
+) -> Interrupt:
     """Approve ``interrupt`` with ``data`` as the answer and queue the run to go on.
 
     Raises InvalidAnswer (nothing changed) or AlreadyDecided (someone else was first).
     """
     answer = validate_answer(interrupt, data)
     return decide(
-        interrupt, Interrupt.Status.APPROVED, by, answer=answer, then=resume_if_nothing_pending, via=via
+        interrupt,
+        Interrupt.Status.APPROVED,
+        by,
+        answer=answer,
+        then=resume_if_nothing_pending,
+        via=via,
+        also=also,
     )
 
 
-def reject(interrupt: Interrupt, reason: str, by: Actor, *, via: str = "") -> Interrupt:
+def reject(
+    interrupt: Interrupt, reason: str, by: Actor, *, via: str = "", also: Callable[[], None] | None = None
+) -> Interrupt:
     """Reject ``interrupt``. An action's run ends ``rejected``; an agent sees the reason as the
     tool's result and goes on."""
     reason = (reason or "").strip()
@@ -231,7 +246,9 @@ def reject(interrupt: Interrupt, reason: str, by: Actor, *, via: str = "") -> In
             return
         finish_with_pending_cancelled(run, Status.REJECTED, error=reason)
 
-    return decide(interrupt, Interrupt.Status.REJECTED, by, reason=reason, then=end_or_go_on, via=via)
+    return decide(
+        interrupt, Interrupt.Status.REJECTED, by, reason=reason, then=end_or_go_on, via=via, also=also
+    )
 
 
 def finish_with_pending_cancelled(run: Run, status: str, *, error: str = "", by: Actor = None) -> None:

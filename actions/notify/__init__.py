@@ -7,7 +7,9 @@ worth telling into one ``Notification`` per recipient, once (``Fanout``). Each n
 delivered by a task with retries and exponential backoff (``delivery``), every attempt recorded;
 a slow or dead endpoint holds up only its own delivery, never a decision.
 
-Channels, one module each: ``webhook`` (Standard Webhooks, signed)."""
+Channels, one module each: ``webhook`` (Standard Webhooks, signed), ``email`` (Django's mail,
+with a personal decision link: ``links``), ``slack`` (slack-sdk; its buttons come back to
+actions.web.slack)."""
 
 from actions.notify.delivery import deliver, deliver_due, deliver_in, redeliver
 from actions.notify.dispatch import dispatch, dispatch_soon, on_run_changed

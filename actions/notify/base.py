@@ -6,6 +6,11 @@ from django.conf import settings
 
 from actions.models import Notification, Preferences, Team
 
+# The events that ask someone anew (a Slack message is posted for them), and those that ask for
+# a decision (a mail carries its link): the reminder asks again, in the same place.
+ASKS_ANEW = ("interrupt.created", "interrupt.escalated")
+ASKS_DECISION = (*ASKS_ANEW, "interrupt.expiring")
+
 
 class DeliveryFailed(Exception):
     """A channel could not deliver; the attempt is recorded with this and tried again later."""
@@ -16,8 +21,9 @@ class DeliveryFailed(Exception):
 
 
 class NotSent(Exception):
-    """The notification is no longer for its recipient (they left the team, turned mail off, or
-    were disabled since it was made): recorded, not sent, not retried."""
+    """Not to be sent: no longer for its recipient (they left the team, turned mail off, were
+    disabled, or it was decided meanwhile), or an error that no retry mends (a Slack channel
+    that does not exist): recorded, not sent, not retried."""
 
 
 def still_for(notification: Notification) -> str:
@@ -32,8 +38,15 @@ def still_for(notification: Notification) -> str:
     if notification.channel == Notification.Channel.EMAIL and prefs is not None and not prefs.email:
         return "the recipient turned mail off"
     interrupt = notification.event.interrupt
-    if interrupt is not None and not Team.objects.filter(pk__in=interrupt.team_ids, members=user).exists():
+    if interrupt is None:
+        return ""
+    if not Team.objects.filter(pk__in=interrupt.team_ids, members=user).exists():
         return "the recipient is no longer in the interrupt's team"
+    if notification.type in ASKS_DECISION:
+        if not interrupt.is_pending:
+            return f"it was {interrupt.status} meanwhile"
+        if interrupt.approvals.filter(user=user, superseded_at=None).exists():
+            return "the recipient has approved it already"
     return ""
 
 

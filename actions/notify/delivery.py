@@ -160,11 +160,19 @@ def redeliver(notification_ids: list[int]) -> int:
 def deliver_due(limit: int = 200) -> int:
     """Hand the notifications that are due (new ones missed, retries, claims that ran out) to
     their senders; how many."""
-    due = list(
-        Notification.objects.filter(outcome=Outcome.PENDING, next_attempt_at__lte=timezone.now())
-        .order_by("next_attempt_at")
-        .values_list("pk", flat=True)[:limit]
-    )
+    rows = Notification.objects.filter(outcome=Outcome.PENDING, next_attempt_at__lte=timezone.now())
+    due = []
+    digests: set[int | None] = set()
+    for pk, digest, recipient_id in rows.order_by("next_attempt_at", "pk").values_list(
+        "pk", "digest", "recipient_id"
+    )[:limit]:
+        # A person's digest is sent by one sender, which takes the others due with it: two
+        # senders would each take some, and the digest would come in pieces.
+        if digest:
+            if recipient_id in digests:
+                continue
+            digests.add(recipient_id)
+        due.append(pk)
     for pk in due:
         schedule(pk)
     return len(due)

@@ -26,7 +26,7 @@ from actions.models import (
     TeamChannels,
     Webhook,
 )
-from actions.notify.base import absolute
+from actions.notify.base import ASKS_ANEW, absolute
 
 logger = logging.getLogger(__name__)
 
@@ -97,11 +97,11 @@ def fan_out(event: RunEvent) -> list[Notification]:
         team_ids, data = [run.team_id], run_data(run)
     # As JSON once, as the API would write it (times in ISO 8601), for every recipient.
     body = json.loads(json.dumps({"type": kind, "timestamp": event.at, "data": data}, cls=DjangoJSONEncoder))
-    made = []
+    made: list[Notification] = []
 
     def notify(channel: str, key: str, payload: dict[str, Any], **fields: Any) -> None:
         made.append(
-            Notification.objects.create(
+            Notification(
                 event=event,
                 type=kind,
                 channel=channel,
@@ -119,13 +119,22 @@ def fan_out(event: RunEvent) -> list[Notification]:
     if it is not None:
         _to_people(it, kind, body, notify)
     elif settings.SLACK_BOT_TOKEN:
-        # Its end cancelled what was still asked in Slack: those messages say so.
-        asked = SlackMessage.objects.filter(
-            interrupt__run_id=event.run_id, interrupt__status=Interrupt.Status.CANCELLED
-        ).values_list("interrupt_id", flat=True)
-        for interrupt_id in sorted(set(asked)):
+        # Its end cancelled what was still asked in Slack (posted, or being posted): those
+        # messages say so.
+        cancelled = Interrupt.objects.filter(run_id=event.run_id, status=Interrupt.Status.CANCELLED)
+        for interrupt_id in sorted(i.pk for i in cancelled if _asked_in_slack(i)):
             notify(Notification.Channel.SLACK, f"s{interrupt_id}", {**body, "slack_interrupt": interrupt_id})
-    return made
+    # One insert for a big team's notifications, not one each.
+    return Notification.objects.bulk_create(made)
+
+
+def _asked_in_slack(it: Interrupt) -> bool:
+    return (
+        SlackMessage.objects.filter(interrupt=it).exists()
+        or Notification.objects.filter(
+            event__interrupt=it, channel=Notification.Channel.SLACK, type__in=ASKS_ANEW
+        ).exists()
+    )
 
 
 def _routing(team_id: int) -> TeamChannels:
@@ -148,7 +157,7 @@ def _to_people(it: Interrupt, kind: str, body: dict[str, Any], notify: Any) -> N
             slot = _digest_slot()
             digest = (
                 prefs.email_digest
-                and kind in ASKING
+                and kind in ASKS_ANEW
                 and not (it.expires_at is not None and it.expires_at <= slot)
             )
             notify(
@@ -159,17 +168,18 @@ def _to_people(it: Interrupt, kind: str, body: dict[str, Any], notify: Any) -> N
                 digest=digest,
                 next_attempt_at=slot if digest else timezone.now(),
             )
-    if not settings.SLACK_BOT_TOKEN or kind not in routing.slack_events:
+    if not settings.SLACK_BOT_TOKEN:
         return
-    if kind in ("interrupt.decided", "interrupt.expiring"):
-        # Told where it was asked: the messages are updated, or answered in their threads.
-        asked = (
-            SlackMessage.objects.filter(interrupt=it).exists()
-            or Notification.objects.filter(
-                event__interrupt=it, channel=Notification.Channel.SLACK, type__in=ASKING
-            ).exists()
-        )
-        if asked:
+    if kind == "interrupt.decided":
+        # Whatever the routing says now, a message that asked loses its buttons.
+        if _asked_in_slack(it):
+            notify(Notification.Channel.SLACK, "s", body)
+        return
+    if kind not in routing.slack_events:
+        return
+    if kind == "interrupt.expiring":
+        # Answered in the threads of the messages that asked.
+        if _asked_in_slack(it):
             notify(Notification.Channel.SLACK, "s", body)
     elif it.assignees:
         # Assigned: to the assignees alone, as direct messages.
@@ -177,10 +187,6 @@ def _to_people(it: Interrupt, kind: str, body: dict[str, Any], notify: Any) -> N
             notify(Notification.Channel.SLACK, f"d{user.pk}", {**body, "slack_user": user.pk}, recipient=user)
     elif routing.slack_channel:
         notify(Notification.Channel.SLACK, f"s{team_id}", {**body, "slack_channel": routing.slack_channel})
-
-
-# The events that post a new Slack message (the others update it).
-ASKING = ("interrupt.created", "interrupt.escalated")
 
 
 def _people(it: Interrupt, kind: str, team_ids: list[int]) -> list[Any]:

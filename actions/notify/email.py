@@ -18,10 +18,7 @@ from django.utils import timezone
 
 from actions.models import DeliveryAttempt, Notification
 from actions.notify import links
-from actions.notify.base import DeliveryFailed, absolute, still_for
-
-# The kinds that ask for a decision, and so carry a link to make it.
-ASKING = ("interrupt.created", "interrupt.escalated", "interrupt.expiring")
+from actions.notify.base import ASKS_DECISION, DeliveryFailed, absolute, still_for
 
 VERDICTS = {"approved": "Approved", "rejected": "Rejected", "expired": "Expired", "cancelled": "Cancelled"}
 
@@ -49,7 +46,7 @@ def item(notification: Notification) -> dict[str, Any]:
         "kind": payload.get("type"),
         "data": data,
         "link": links.url(notification, interrupt_id)
-        if payload.get("type") in ASKING and interrupt_id
+        if payload.get("type") in ASKS_DECISION and interrupt_id
         else "",
     }
 

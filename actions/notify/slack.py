@@ -7,6 +7,7 @@ actions.web.slack, which decides through the engine."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from django.conf import settings
@@ -15,9 +16,26 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 
 from actions.models import Interrupt, Notification, Preferences, SlackMessage
-from actions.notify.base import DeliveryFailed, absolute
+from actions.notify.base import ASKS_ANEW, DeliveryFailed, NotSent, absolute
 
 APPROVE, REJECT, OPEN = "grundlag_approve", "grundlag_reject", "grundlag_open"
+# Slack's errors that trying again later does not mend.
+PERMANENT = frozenset(
+    {
+        "channel_not_found",
+        "not_in_channel",
+        "is_archived",
+        "invalid_auth",
+        "not_authed",
+        "account_inactive",
+        "token_revoked",
+        "missing_scope",
+        "users_not_found",
+        "user_not_found",
+        "invalid_blocks",
+        "msg_too_long",
+    }
+)
 VERDICTS = {"approved": "Approved", "rejected": "Rejected", "expired": "Expired", "cancelled": "Cancelled"}
 
 
@@ -25,7 +43,7 @@ def client() -> WebClient:
     return WebClient(
         token=settings.SLACK_BOT_TOKEN,
         base_url=settings.SLACK_API_URL,
-        timeout=int(settings.GRUNDLAG_WEBHOOK_TIMEOUT_SECONDS) or 1,
+        timeout=math.ceil(settings.GRUNDLAG_WEBHOOK_TIMEOUT_SECONDS),  # whole seconds
     )
 
 
@@ -125,13 +143,8 @@ def slack_user_of(user: Any) -> str:
     if prefs is not None and prefs.slack_user_id:
         return prefs.slack_user_id
     if not user.email:
-        raise DeliveryFailed(f"{user.get_username()} has no mail address to find in Slack")
-    try:
-        found = client().users_lookupByEmail(email=user.email)
-    except SlackApiError as exc:
-        raise DeliveryFailed(
-            f"{user.get_username()} is not found in Slack: {exc.response.get('error')}"
-        ) from None
+        raise NotSent(f"{user.get_username()} has no mail address to find in Slack")
+    found = client().users_lookupByEmail(email=user.email)  # users_not_found: NotSent, in send()
     return str(found["user"]["id"])
 
 
@@ -142,14 +155,17 @@ def send(notification: Notification) -> int:
         raise DeliveryFailed("a Slack notification is about an interrupt")
     interrupt = Interrupt.objects.select_related("team").get(pk=interrupt_id)
     try:
-        if notification.type in ("interrupt.created", "interrupt.escalated"):
+        if notification.type in ASKS_ANEW:
             _ask(notification, interrupt)
         elif notification.type == "interrupt.expiring":
             _remind(interrupt)
         else:
             _update(interrupt)
     except SlackApiError as exc:
-        raise DeliveryFailed(f"Slack said {exc.response.get('error')}", exc.response.status_code) from None
+        error = exc.response.get("error")
+        if error in PERMANENT:
+            raise NotSent(f"Slack said {error}, which no retry mends") from None
+        raise DeliveryFailed(f"Slack said {error}", exc.response.status_code) from None
     except SlackClientError as exc:
         raise DeliveryFailed(f"{type(exc).__name__}: {exc}"[:500]) from None
     except OSError as exc:  # refused, timed out
@@ -173,15 +189,16 @@ def _pending_ask(interrupt: Interrupt) -> bool:
     return Notification.objects.filter(
         event__interrupt=interrupt,
         channel=Notification.Channel.SLACK,
-        type__in=("interrupt.created", "interrupt.escalated"),
+        type__in=ASKS_ANEW,
         outcome=Notification.Outcome.PENDING,
     ).exists()
 
 
 def _update(interrupt: Interrupt) -> None:
+    if _pending_ask(interrupt):
+        # A message still being posted (an escalation's, a retried one) would keep its buttons.
+        raise DeliveryFailed("a message to update is not posted yet")
     messages = list(SlackMessage.objects.filter(interrupt=interrupt))
-    if not messages and _pending_ask(interrupt):
-        raise DeliveryFailed("the message to update is not posted yet")
     web = client()
     for message in messages:
         web.chat_update(
@@ -192,9 +209,9 @@ def _update(interrupt: Interrupt) -> None:
 def _remind(interrupt: Interrupt) -> None:
     if not interrupt.is_pending:
         return
+    if _pending_ask(interrupt):
+        raise DeliveryFailed("a message to remind in is not posted yet")
     messages = list(SlackMessage.objects.filter(interrupt=interrupt))
-    if not messages and _pending_ask(interrupt):
-        raise DeliveryFailed("the message to remind in is not posted yet")
     web = client()
     for message in messages:
         web.chat_postMessage(

@@ -89,34 +89,45 @@ def _decide(request: HttpRequest, notification: Notification, context: dict[str,
         return _page(request, 403, error=context["may_not_approve"], **forms, **context)
     if not form.is_valid():
         return _page(request, 422, open_reject=not approving, **forms, **context)
-    # Single use: the link is taken before the decision, and given back if nothing was decided.
-    now = timezone.now()
-    taken = Notification.objects.filter(pk=notification.pk, link_used_at=None).update(link_used_at=now)
-    if not taken:
-        return _page(request, 410, problem="used", used_at=now, **context)
+
+    # Single use: the link is used up in the decision's own transaction, or not at all.
+    def use_link() -> None:
+        if not Notification.objects.filter(pk=notification.pk, link_used_at=None).update(
+            link_used_at=timezone.now()
+        ):
+            raise LinkUsed
+
     try:
         if approving:
             assert not isinstance(form, RejectForm)
-            decided = engine.resume(interrupt, form.payload(), person, via="email")
+            decided = engine.resume(interrupt, form.payload(), person, via="email", also=use_link)
         else:
-            decided = engine.reject(interrupt, form.cleaned_data["reason"], person, via="email")
+            decided = engine.reject(
+                interrupt, form.cleaned_data["reason"], person, via="email", also=use_link
+            )
+    except LinkUsed:
+        notification.refresh_from_db(fields=["link_used_at"])
+        return _page(request, 410, problem="used", used_at=notification.link_used_at, **context)
     except engine.InvalidInput as exc:
-        _give_back(notification)
         if isinstance(form, RejectForm):
             form.add_error("reason", str(exc))
         else:
             form.add_model_errors(exc.errors)
         return _page(request, 422, open_reject=not approving, **forms, **context)
     except engine.AlreadyDecided as exc:
-        _give_back(notification)
         return _page(request, 410, problem="decided", **{**context, "interrupt": exc.interrupt})
     except (engine.NotAllowed, engine.PayloadTooLarge, engine.Busy) as exc:
-        _give_back(notification)
-        return _page(
-            request, 403 if isinstance(exc, engine.NotAllowed) else 503, error=str(exc), **forms, **context
+        status = (
+            403
+            if isinstance(exc, engine.NotAllowed)
+            else 413
+            if isinstance(exc, engine.PayloadTooLarge)
+            else 503
         )
-    return _page(request, 200, done=decided, **context)
+        return _page(request, status, error=str(exc), **forms, **context)
+    counted = len(engine.counted_approvals(decided)) if decided.is_pending else 0
+    return _page(request, 200, done=decided, counted=counted, **context)
 
 
-def _give_back(notification: Notification) -> None:
-    Notification.objects.filter(pk=notification.pk).update(link_used_at=None)
+class LinkUsed(Exception):
+    """Another request used the link first."""

@@ -11,6 +11,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
 from django.db.models import Count, Q
 from django.forms import ModelForm
 from django.http import Http404, HttpRequest, HttpResponse
@@ -411,12 +412,18 @@ class PreferencesForm(ModelForm[Preferences]):
         model = Preferences
         fields = ["email", "email_digest"]
 
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if cleaned.get("email_digest") and not cleaned.get("email"):
+            raise ValidationError("A digest is mail: turn mail on to get one.")
+        return cleaned
+
 
 @login_required
 def preferences(request: AuthenticatedRequest) -> HttpResponse:
     prefs = Preferences.objects.filter(user=request.user).first() or Preferences(user=request.user)
-    form = PreferencesForm(request.POST or None, instance=prefs)
-    if request.method == "POST" and form.is_valid():
+    form = PreferencesForm(request.POST if request.method == "POST" else None, instance=prefs)
+    if form.is_valid():
         form.save()
         messages.success(request, "Saved.")
         return redirect("notification-preferences")
