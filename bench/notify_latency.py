@@ -1,10 +1,10 @@
-"""Reaching reviewers: the time from a new interrupt's commit to its mail in an SMTP server
+"""Reaching reviewers: the time from a new interrupt to its mail in an SMTP server
 (aiosmtpd), its webhook at a receiver, and its Slack message at a local server speaking Slack's
 Web API, on the embedded setup (`manage.py serve`, SQLite) as `make run` serves it, with SMTP,
 Slack and the webhook configured. Runs are started one after another through the API; the
 clock starts when the POST that starts the run is sent (before the commit: an upper bound).
 
-    python -m bench.notify_latency [--runs 40]
+    python -m bench.notify_latency [--runs 60] [--reviewers 20]
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def line(what: str, samples: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--runs", type=int, default=60)
+    parser.add_argument("--reviewers", type=int, default=20, help="more reviewers in the team, each mailed")
     args = parser.parse_args()
     mailbox, slack, receiver = Mailbox(), SlackServer(), Receiver()
     created: dict[str, float] = {}
@@ -60,6 +61,14 @@ def main() -> None:
                     "from actions.models import Team, TeamChannels;"
                     "TeamChannels.objects.create(team=Team.objects.get(slug='demo'), slack_channel='C0DEMO')",
                 )
+                site.manage(
+                    "shell",
+                    "-c",
+                    "from django.contrib.auth.models import User; from actions.models import Team;"
+                    f"team = Team.objects.get(slug='demo'); n = {args.reviewers};"
+                    "team.members.add(*[User.objects.create_user(f'bench{i}', f'bench{i}@example.com')"
+                    " for i in range(n)])",
+                )
                 with server.client(token) as api:
                     hook = api.post(
                         "/api/webhooks", json={"url": receiver.url, "events": ["interrupt.created"]}
@@ -76,7 +85,8 @@ def main() -> None:
                         assert run["status"] == "interrupted", run
                         time.sleep(0.05)
                 wanted = args.runs
-                wait_for(lambda: len(mailbox.messages) >= 2 * wanted or None, timeout=60, what="the mails")
+                mails = (2 + args.reviewers) * wanted
+                wait_for(lambda: len(mailbox.messages) >= mails or None, timeout=300, what="the mails")
                 wait_for(lambda: len(receiver.received) >= wanted or None, timeout=60, what="the webhooks")
                 wait_for(
                     lambda: len(slack.called("chat.postMessage")) >= wanted or None, timeout=60, what="Slack"
@@ -99,7 +109,8 @@ def main() -> None:
         slack.stop()
         receiver.stop()
     print(
-        f"From an interrupt's commit to the reviewer, embedded (manage.py serve, SQLite), {args.runs} runs:"
+        "From the API call that starts a run to its reviewers, embedded (manage.py serve, SQLite),"
+        f" {args.runs} runs, a team of {2 + args.reviewers}:"
     )
     print(line("mail in the SMTP server", mail_ms))
     print(line("webhook at the receiver", hook_ms))

@@ -58,7 +58,9 @@ def _claim(notification_id: int) -> Notification | None:
     ).update(next_attempt_at=now + send_lease(), attempts=F("attempts") + 1)
     if not claimed:
         return None  # delivered, given up, not due, or being sent
-    return Notification.objects.select_related("webhook").get(pk=notification_id)
+    return Notification.objects.select_related("webhook", "recipient", "event__interrupt").get(
+        pk=notification_id
+    )
 
 
 def deliver(notification_id: int) -> bool | None:
