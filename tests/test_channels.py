@@ -153,9 +153,14 @@ def test_a_mail_no_longer_for_its_recipient_is_not_sent(team: Team, people: dict
 def test_what_cannot_wait_is_not_held_for_the_digest(team: Team, people: dict[str, User]) -> None:
     Preferences.objects.create(user=people["reviewer"], email_digest=True)
     Policy.objects.create(team=team, action="send_invoice", deadline_minutes=20)
-    start(team)
+    interrupt = start(team, by=people["reviewer"])
     told()
     assert sorted(m.to[0] for m in mail.outbox) == ["reviewer1@example.com", "reviewer2@example.com"]
+    # A decision can wait for the digest of whoever asked.
+    engine.resume(interrupt, {"approved": True}, people["second"])
+    told()
+    assert len(mail.outbox) == 2
+    assert Notification.objects.get(type="interrupt.decided", recipient=people["reviewer"]).digest
 
 
 # The decision link

@@ -157,8 +157,8 @@ def _to_people(it: Interrupt, kind: str, body: dict[str, Any], notify: Any) -> N
             slot = _digest_slot()
             digest = (
                 prefs.email_digest
-                and kind in ASKS_ANEW
-                and not (it.expires_at is not None and it.expires_at <= slot)
+                and kind != "interrupt.expiring"
+                and not (kind in ASKS_ANEW and it.expires_at is not None and it.expires_at <= slot)
             )
             notify(
                 Notification.Channel.EMAIL,
