@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import shared_task
+from django.db import InterfaceError, OperationalError
 
 from actions import engine
 
@@ -14,7 +15,17 @@ from actions import engine
 QUEUED_AT = "grundlag_queued_at"
 
 
-@shared_task(name="actions.tasks.run_step", bind=True)
+# A step that could not reach the database (restarting, or its pool still reconnecting) is
+# sent again a moment later, and runs once the database answers. One that failed after its
+# claim is claimed by nobody until its lease runs out, as after a crash (the sweeper).
+@shared_task(
+    name="actions.tasks.run_step",
+    bind=True,
+    autoretry_for=(OperationalError, InterfaceError),
+    retry_backoff=1,
+    retry_backoff_max=10,
+    max_retries=30,
+)
 def run_step(self: Any, run_id: int) -> None:
     request = self.request
     # A worker sees a message's headers as the request's attributes; Task.apply, as its headers.

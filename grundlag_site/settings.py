@@ -225,11 +225,11 @@ elif _database["ENGINE"] == "django.db.backends.postgresql":
     # A pool of connections per process (psycopg_pool, Django's "pool" option). Under ASGI each
     # request runs its database work in a thread of its own, so a connection kept per thread
     # (CONN_MAX_AGE) is never reused: every request paid for a new connection, about 10 ms
-    # before its first query. Up to DB_POOL_SIZE connections per process (a worker needs its
-    # WORKER_CONCURRENCY and 4 for its other threads). Off (0) by default for now: after a
-    # database restart the pool's reconnection backs off, and a worker's steps failed for
-    # seconds after the database was back (then DB_CONN_MAX_AGE applies, as before).
-    pool_size = envint("DB_POOL_SIZE", "0")
+    # before its first query. Up to DB_POOL_SIZE connections per process (by default 10, or a
+    # worker's WORKER_CONCURRENCY and 4 for its other threads); 0 turns the pool off, and
+    # DB_CONN_MAX_AGE applies. A step that found no connection (the database restarting) is
+    # sent again a moment later (actions.tasks.run_step).
+    pool_size = envint("DB_POOL_SIZE", str(max(10, envint("WORKER_CONCURRENCY", "4", minimum=1) + 4)))
     if pool_size:
         if _database.get("CONN_MAX_AGE"):
             raise ImproperlyConfigured(

@@ -36,7 +36,7 @@ def start_with(**env: str) -> subprocess.CompletedProcess[str]:
         ({"DATABASE_URL": "nosuchdb://x"}, "DATABASE_URL is not a valid database URL"),
         ({"GRUNDLAG_MODELS": "{not json"}, "GRUNDLAG_MODELS must be JSON"),
         (
-            {"DATABASE_URL": "postgres://u:p@127.0.0.1:1/x", "DB_CONN_MAX_AGE": "60", "DB_POOL_SIZE": "10"},
+            {"DATABASE_URL": "postgres://u:p@127.0.0.1:1/x", "DB_CONN_MAX_AGE": "60"},
             "with the connection pool (DB_POOL_SIZE) it must be 0",
         ),
     ],

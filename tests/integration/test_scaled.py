@@ -201,9 +201,33 @@ def test_a_decision_while_postgresql_is_down_is_refused_clearly_and_changes_noth
         detail = api.get(f"/api/runs/{run['id']}").json()
         assert detail["status"] == "interrupted" and detail["transcript"][0]["status"] == "pending"
         assert "approved" not in site.event_kinds(run["id"])
-        api.post(f"/api/interrupts/{interrupt_id}/resume", json={"data": {"ok": True}})
+        resumed = api.post(f"/api/interrupts/{interrupt_id}/resume", json={"data": {"ok": True}})
+        assert resumed.status_code < 300, resumed.text
         assert wait_for_status(api, run["id"], "completed")["output"]["answer"] == {"ok": True}
     assert site.effects("outage") == 1
+
+
+def test_a_step_whose_worker_finds_the_database_down_runs_once_it_is_back(scaled_site: Site) -> None:
+    """The step's message reaches a worker while PostgreSQL restarts: the task is sent again a
+    moment later, and the step runs once the database answers, without waiting for a sweeper
+    (no beat runs here)."""
+    site = scaled_site
+    web = site.daphne()
+    worker = site.worker("w1")
+    run = start_effect(web, site.token, "restart")
+    stop(worker)
+    with web.client(site.token) as api:
+        resumed = api.post(f"/api/interrupts/{run['interrupt']['id']}/resume", json={"data": {"ok": True}})
+        assert resumed.status_code < 300, resumed.text  # queued, its message waiting in Redis
+    site.postgres.stop()
+    try:
+        site.worker("w2")
+        time.sleep(4)  # the worker takes the message, and finds no database
+    finally:
+        site.postgres.start()
+    with web.client(site.token) as api:
+        assert wait_for_status(api, run["id"], "completed", timeout=30)["output"]["answer"] == {"ok": True}
+    assert site.effects("restart") == 1
 
 
 def test_an_idle_socket_over_channels_redis_stays_open_and_still_gets_pushes(scaled_site: Site) -> None:
@@ -268,7 +292,6 @@ def test_requests_reuse_pooled_database_connections(scaled_site: Site) -> None:
     every request opened (and closed) a connection of its own, about 10 ms before its first
     query. With it, a web process keeps a few connections open and lends them out."""
     site = scaled_site
-    site.env["DB_POOL_SIZE"] = "10"
     web = site.daphne()
     backends = (
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
