@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django import template
@@ -99,6 +99,23 @@ def _leaf(text: str) -> str:
             text[:FOLD_AT],
             text,
         )
+    )
+
+
+@register.filter
+def when(value: datetime | None, part: str = "datetime") -> SafeString:
+    """A moment as a <time> that static/js/live.js shows in the reader's time zone (the absolute
+    time on hover); without JavaScript, in UTC, saying so. ``part``: datetime, or time."""
+    if value is None:
+        return mark_safe("")  # noqa: S308 - nothing to escape
+    utc = value.astimezone(UTC)
+    shown = utc.strftime("%H:%M" if part == "time" else "%Y-%m-%d %H:%M")
+    return format_html(
+        '<time datetime="{}" data-local="{}" title="{} UTC">{} UTC</time>',
+        utc.isoformat(),
+        "time" if part == "time" else "datetime",
+        utc.strftime("%Y-%m-%d %H:%M:%S"),
+        shown,
     )
 
 

@@ -72,6 +72,7 @@
     if (!row) { return; }
     var body = rows();
     var old = document.getElementById(row.id);
+    localTimes(row);
     if (old) { old.replaceWith(row); htmx.process(row); return; }
     var limit = parseInt(el.dataset.limit || "200", 10);
     // Newest first: before the first row older than it.
@@ -174,6 +175,27 @@
     if (inbox.count > listed && listed < limit / 2) { refetch(el); }
   }
 
+  // Times in the reader's time zone: a <time data-local> is written in UTC by the server
+  // (actions' "when" filter); here its text becomes local ("datetime", "time"), or only its
+  // title does ("title": an age such as "3 min"), the absolute time on hover either way.
+  var LONG = {year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit", timeZoneName: "short"};
+  function pad(n) { return (n < 10 ? "0" : "") + n; }
+  function localTimes(root) {
+    var times = (root || document).querySelectorAll("time[data-local]");
+    for (var i = 0; i < times.length; i++) {
+      var el = times[i];
+      var at = new Date(el.getAttribute("datetime"));
+      if (isNaN(at.getTime())) { continue; }
+      el.title = at.toLocaleString(undefined, LONG);
+      var part = el.getAttribute("data-local");
+      var hm = pad(at.getHours()) + ":" + pad(at.getMinutes());
+      if (part === "time") { el.textContent = hm; }
+      if (part === "datetime") {
+        el.textContent = at.getFullYear() + "-" + pad(at.getMonth() + 1) + "-" + pad(at.getDate()) + " " + hm;
+      }
+    }
+  }
+
   // Browser notifications, opted into per browser (the Notifications page, or the inbox's
   // button): a new approval while this tab is in the background shows one; clicking it opens
   // the approval here.
@@ -254,6 +276,7 @@
   document.addEventListener("DOMContentLoaded", function () {
     var el = section();
     if (el) { adopt(el); }
+    localTimes(document);
     var button = document.getElementById("browser-notifications");
     if (button) { setUpNotifyButton(button); }
   });
@@ -283,6 +306,7 @@
     var target = evt.detail.target;
     if (target && target.id === "inbox") { inbox.loading = true; }
   });
+  document.addEventListener("htmx:afterSettle", function (evt) { localTimes(evt.detail.elt); });
   document.addEventListener("htmx:afterSwap", function (evt) {
     var el = section();
     if (el && evt.detail.target && (evt.detail.target === el || evt.detail.target.id === "inbox")) {
