@@ -320,3 +320,27 @@ def test_a_staff_auditor_sees_the_run_but_cannot_cancel_it_and_a_get_changes_not
     refused = client.post(f"/runs/{it.run_id}/cancel/", {"confirm": "yes"}, follow=True)
     assert "Not cancelled: Only members of Finance can cancel this run." in refused.content.decode()
     assert Run.objects.get(pk=it.run_id).status == "interrupted"
+
+
+def test_approve_and_next_opens_the_next_one_of_the_inbox_as_filtered_and_says_when_none_is_left(
+    team: Team, other_team: Team, reviewer: User
+) -> None:
+    other_team.members.add(reviewer)
+    first, second = start(team), start(team)
+    start(other_team)  # filtered out below
+    client = logged_in(reviewer)
+    client.get("/?team=finance")
+    # Newest first, as the inbox lists them: after the second comes the first.
+    response = client.post(f"/interrupts/{second.pk}/approve/", {"then": "next"})
+    assert response.status_code == 302 and response["Location"] == f"/interrupts/{first.pk}/"
+    response = client.post(f"/interrupts/{first.pk}/reject/", {"reject-reason": "no", "then": "next"})
+    assert response["Location"] == "/?team=finance"
+    page = client.get("/?team=finance").content.decode()
+    assert "That was the last one: nothing else is waiting in this inbox." in page
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert (second.status, first.status) == ("approved", "rejected")
+    htmx = client.post(
+        f"/interrupts/{start(team).pk}/approve/", {"then": "next"}, headers={"HX-Request": "true"}
+    )
+    assert htmx.status_code == 200 and htmx["HX-Redirect"] == "/?team=finance"

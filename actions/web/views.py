@@ -16,6 +16,8 @@ from django.db.models import Count, Q
 from django.forms import ModelForm
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.http import urlencode
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
@@ -98,6 +100,9 @@ def inbox(request: AuthenticatedRequest) -> HttpResponse:
             if shown
             else []
         )
+    wanted = {"team": team_slug, "action": action_name}
+    if request.session.get(INBOX_FILTER, {"team": "", "action": ""}) != wanted:
+        request.session[INBOX_FILTER] = wanted  # what "Approve & next" goes through
     context = {
         "teams": teams,
         "interrupts": interrupts,
@@ -177,11 +182,43 @@ def _render_decision(
 
 
 def _decided(request: AuthenticatedRequest, interrupt: Interrupt, text: str) -> HttpResponse:
+    if request.POST.get("then") == "next":
+        # "Approve & next": on to the next one waiting in the inbox as last filtered.
+        messages.success(request, text)
+        following = next_pending(request, interrupt)
+        if following is None:
+            messages.info(request, "That was the last one: nothing else is waiting in this inbox.")
+        wanted = {k: v for k, v in (request.session.get(INBOX_FILTER) or {}).items() if v}
+        inbox_url = reverse("inbox") + (f"?{urlencode(wanted)}" if wanted else "")
+        target = following.get_absolute_url() if following is not None else inbox_url
+        return HttpResponseClientRedirect(target) if _htmx(request) else redirect(target)
     if _htmx(request):
         interrupt.refresh_from_db()
         return _render_decision(request, interrupt, notice=text)
     messages.success(request, text)
     return redirect("inbox")
+
+
+INBOX_FILTER = "grundlag_inbox_filter"
+
+
+def next_pending(request: AuthenticatedRequest, current: Interrupt) -> Interrupt | None:
+    """The pending interrupt after ``current`` in the reviewer's inbox (newest first, as it was
+    last filtered), else the first one: what "& next" opens."""
+    wanted = request.session.get(INBOX_FILTER) or {}
+    teams = Team.objects.filter(members=request.user)
+    if wanted.get("team"):
+        teams = teams.filter(slug=wanted["team"])
+    pending = Interrupt.objects.filter(Interrupt.visible_to(teams), status=Interrupt.Status.PENDING).exclude(
+        pk=current.pk
+    )
+    if wanted.get("action"):
+        pending = pending.filter(action=wanted["action"])
+    newest_first = pending.order_by("-created_at", "-id")
+    older = newest_first.filter(
+        Q(created_at__lt=current.created_at) | Q(created_at=current.created_at, id__lt=current.pk)
+    )
+    return older.first() or newest_first.first()
 
 
 def _decide(
