@@ -4,7 +4,7 @@ Web API, on the embedded setup (`manage.py serve`, SQLite) as `make run` serves 
 Slack and the webhook configured. Runs are started one after another through the API; the
 clock starts when the POST that starts the run is sent (before the commit: an upper bound).
 
-    python -m bench.notify_latency [--runs 60] [--reviewers 20]
+    python -m bench.notify_latency [--runs 60] [--reviewers 20] [--interval 0.5]
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=60)
     parser.add_argument("--reviewers", type=int, default=20, help="more reviewers in the team, each mailed")
+    parser.add_argument("--interval", type=float, default=0.5, help="seconds between starting runs")
     args = parser.parse_args()
     mailbox, slack, receiver = Mailbox(), SlackServer(), Receiver()
     created: dict[str, float] = {}
@@ -83,7 +84,7 @@ def main() -> None:
                             headers={"Prefer": "wait=20"},
                         ).json()
                         assert run["status"] == "interrupted", run
-                        time.sleep(0.05)
+                        time.sleep(args.interval)
                 wanted = args.runs
                 mails = (2 + args.reviewers) * wanted
                 wait_for(lambda: len(mailbox.messages) >= mails or None, timeout=300, what="the mails")
@@ -110,7 +111,7 @@ def main() -> None:
         receiver.stop()
     print(
         "From the API call that starts a run to its reviewers, embedded (manage.py serve, SQLite),"
-        f" {args.runs} runs, a team of {2 + args.reviewers}:"
+        f" {args.runs} runs {args.interval} s apart, a team of {2 + args.reviewers}:"
     )
     print(line("mail in the SMTP server", mail_ms))
     print(line("webhook at the receiver", hook_ms))
