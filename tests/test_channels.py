@@ -150,6 +150,18 @@ def test_a_mail_no_longer_for_its_recipient_is_not_sent(team: Team, people: dict
     ]
 
 
+@pytest.fixture
+def early_in_the_hour(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clock a minute past the hour, still running, so an hour's digest is 59 minutes away
+    whenever the test runs (at 12:50 a 20 minute deadline would fall after the digest)."""
+    settings.GRUNDLAG_DIGEST_SECONDS = 3600
+    real = timezone.now
+    start = real()
+    shift = start.replace(minute=1, second=0, microsecond=0) + timedelta(hours=1) - start
+    monkeypatch.setattr(timezone, "now", lambda: real() + shift)
+
+
+@pytest.mark.usefixtures("early_in_the_hour")
 def test_what_cannot_wait_is_not_held_for_the_digest(team: Team, people: dict[str, User]) -> None:
     Preferences.objects.create(user=people["reviewer"], email_digest=True)
     Policy.objects.create(team=team, action="send_invoice", deadline_minutes=20)
