@@ -24,7 +24,13 @@ def wait_for_status(
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
-        detail: dict[str, Any] = api.get(f"/api/runs/{run_id}").json()
+        response = api.get(f"/api/runs/{run_id}")
+        if response.status_code == 503 and time.monotonic() < deadline:
+            # The database is (re)starting: the API says so, and the run is read again.
+            time.sleep(0.2)
+            continue
+        assert response.status_code == 200, response.text
+        detail: dict[str, Any] = response.json()
         if detail["status"] == status:
             return detail
         assert time.monotonic() < deadline, f"run {run_id} is {detail['status']}, not {status}: {detail}"
@@ -228,6 +234,37 @@ def test_a_step_whose_worker_finds_the_database_down_runs_once_it_is_back(scaled
     with web.client(site.token) as api:
         assert wait_for_status(api, run["id"], "completed", timeout=30)["output"]["answer"] == {"ok": True}
     assert site.effects("restart") == 1
+
+
+def test_after_the_database_restarts_the_api_answers_503_then_serves_again(scaled_site: Site) -> None:
+    """The pool's connections die with the database. While the pool replaces them (psycopg_pool
+    checks each as it lends it, backing off between failures), a request is told 503 "nothing
+    was changed, try again", never a 500; within seconds every request is served again."""
+    site = scaled_site
+    web = site.daphne()
+    site.worker("w1")
+    run = start_effect(web, site.token, "pool")
+
+    def read_concurrently(api: httpx.Client) -> list[int]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(6) as threads:
+            return list(threads.map(lambda _: api.get(f"/api/runs/{run['id']}").status_code, range(6)))
+
+    with web.client(site.token) as api:
+        assert read_concurrently(api) == [200] * 6  # several connections in the pool
+    site.postgres.stop()
+    site.postgres.start()  # returns once it accepts connections
+    restarted = time.monotonic()
+    with web.client(site.token) as api:
+        while (response := api.get(f"/api/runs/{run['id']}")).status_code != 200:
+            assert response.status_code == 503, response.text
+            assert response.json()["detail"].startswith("The database is unavailable right now"), (
+                response.text
+            )
+            assert time.monotonic() - restarted < 15, "the pool did not recover"
+        assert read_concurrently(api) == [200] * 6
+        assert [api.get(f"/api/runs/{run['id']}").status_code for _ in range(12)] == [200] * 12
 
 
 def test_an_idle_socket_over_channels_redis_stays_open_and_still_gets_pushes(scaled_site: Site) -> None:
