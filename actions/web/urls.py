@@ -2,13 +2,14 @@ from __future__ import annotations
 
 from django.urls import path
 
-from actions.web import history, links, slack, views
+from actions.web import bulk, history, links, slack, views
 
 urlpatterns = [
     path("", views.inbox, name="inbox"),
     path("interrupts/<int:pk>/", views.interrupt_detail, name="interrupt"),
     path("interrupts/<int:pk>/approve/", views.approve, name="approve"),
     path("interrupts/<int:pk>/reject/", views.reject, name="reject"),
+    path("bulk/", bulk.bulk, name="bulk"),
     path("runs/", views.runs, name="runs"),
     path("runs/<int:pk>/", views.run_detail, name="run"),
     path("runs/<int:pk>/cancel/", views.cancel_run, name="cancel_run"),

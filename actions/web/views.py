@@ -145,7 +145,9 @@ def _decision_context(request: AuthenticatedRequest, interrupt: Interrupt, **ext
         "agreed_answer": approvals[0].answer if approvals else None,
         "you_approved": any(a.user_id == request.user.pk for a in approvals),
         "why_not": engine.why_not(request.user, interrupt),
-        "answer_form": answer_form(interrupt) if can_decide else None,
+        "answer_form": (form := answer_form(interrupt) if can_decide else None),
+        # A typed answer (the action's answer model) is entered, not approved with one key.
+        "answer_typed": form is not None and not isinstance(form, ApprovalForm),
         "reject_form": RejectForm(prefix="reject") if can_decide else None,
     }
     context.update(extra)

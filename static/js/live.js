@@ -73,7 +73,18 @@
     var body = rows();
     var old = document.getElementById(row.id);
     localTimes(row);
-    if (old) { old.replaceWith(row); htmx.process(row); return; }
+    if (old) {
+      // The same row again (changed): it stays ticked, selected and focused if it was.
+      var wasBox = old.querySelector("input[name=ids]");
+      var box = row.querySelector("input[name=ids]");
+      if (wasBox && box) { box.checked = wasBox.checked; }
+      if (old.classList.contains("current")) { row.classList.add("current"); }
+      var focused = old.contains(document.activeElement);
+      old.replaceWith(row);
+      htmx.process(row);
+      if (focused) { var link = row.querySelector("a.message"); if (link) { link.focus(); } }
+      return;
+    }
     var limit = parseInt(el.dataset.limit || "200", 10);
     // Newest first: before the first row older than it.
     var next = null;
@@ -98,6 +109,16 @@
     var table = el.querySelector("table.inbox");
     var empty = el.querySelector(".empty");
     if (table) { table.hidden = listed === 0; }
+    var bar = document.getElementById("bulk");
+    if (bar) { bar.hidden = listed === 0; }
+    var all = document.getElementById("select-all-count");
+    if (all) { all.textContent = String(inbox.count); }
+    // A row that arrives while "select all" is ticked is ticked too: the preview lists them.
+    var everything = document.getElementById("select-all");
+    if (everything && everything.checked) {
+      var boxes = document.querySelectorAll("#inbox-rows input[name=ids]");
+      for (var b = 0; b < boxes.length; b++) { boxes[b].checked = true; }
+    }
     if (empty) { empty.hidden = listed !== 0 || inbox.count !== 0; }
     document.title = "(" + inbox.count + ") " + (el.dataset.title || document.title);
   }

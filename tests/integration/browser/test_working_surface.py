@@ -1,17 +1,19 @@
-"""The reviewer's working surface in Chromium (issue 19, in part): the whole row opens its
-approval as a real link, and times are in the reviewer's time zone."""
+"""The reviewer's working surface in Chromium (issue 19): the whole row opens its approval as a
+real link, times are in the reviewer's time zone, the keyboard, "& next", and a bulk decision
+racing a colleague's."""
 
 from __future__ import annotations
 
 import re
 from datetime import datetime
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.integration.browser.conftest import start_invoice, wait_live
-from tests.integration.processes import Site
+from tests.integration.browser.conftest import log_in, start_invoice, wait_live
+from tests.integration.processes import Server, Site
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -73,3 +75,134 @@ def test_times_are_shown_in_the_reviewers_time_zone(site: Site, browser: Browser
     started = page.locator("p.meta time")
     expect(started).to_have_text(local(started.get_attribute("datetime") or ""))
     expect(started).to_have_attribute("title", re.compile(r"E[SD]T|GMT-[45]"))
+
+
+def run_of(server: Server, token: str, interrupt_id: int) -> dict[str, Any]:
+    """The run that paused with ``interrupt_id``, as the API shows it (its transcript)."""
+    with server.client(token) as api:
+        (run_id,) = [it["run_id"] for it in api.get("/api/interrupts").json() if it["id"] == interrupt_id]
+        run: dict[str, Any] = api.get(f"/api/runs/{run_id}").json()
+    return run
+
+
+def test_a_reviewer_works_the_inbox_from_the_keyboard(site: Site, browser: Browser) -> None:
+    server = site.serve()
+    page = reviewer_in(browser, server.url, ZONE)
+    oldest, middle, newest = (start_invoice(server, site.token, f"KEY-{n}") for n in (1, 2, 3))
+    expect(page.locator("#inbox-rows > tr")).to_have_count(3)
+    rows = {i: page.locator(f"#interrupt-{i}") for i in (oldest, middle, newest)}
+
+    page.keyboard.press("j")  # the first row, the newest
+    expect(rows[newest]).to_have_class(re.compile(r"\bcurrent\b"))
+    expect(rows[newest].locator("a.message")).to_be_focused()
+    page.keyboard.press("j")
+    page.keyboard.press("j")
+    page.keyboard.press("j")  # stays on the last
+    expect(rows[oldest]).to_have_class(re.compile(r"\bcurrent\b"))
+    page.keyboard.press("k")
+    expect(rows[middle]).to_have_class(re.compile(r"\bcurrent\b"))
+    expect(rows[oldest]).not_to_have_class(re.compile(r"\bcurrent\b"))
+
+    page.keyboard.press("x")  # ticked for a bulk decision
+    expect(rows[middle].locator("input[name=ids]")).to_be_checked()
+    expect(page.locator("#bulk-selected")).to_have_text("1 selected")
+    page.keyboard.press("x")
+    expect(rows[middle].locator("input[name=ids]")).not_to_be_checked()
+
+    page.keyboard.press("?")
+    expect(page.locator("#keys-help")).to_be_visible()
+    expect(page.locator("#keys-help")).to_contain_text("tick it for a bulk decision")
+    page.keyboard.press("Escape")
+    expect(page.locator("#keys-help")).to_be_hidden()
+
+    # Keys typed into a field are text, not commands.
+    page.locator("select[name=action]").focus()
+    page.keyboard.press("j")
+    expect(rows[middle]).to_have_class(re.compile(r"\bcurrent\b"))
+
+    rows[middle].locator("a.message").focus()
+    page.keyboard.press("o")
+    page.wait_for_url(f"**/interrupts/{middle}/")
+    page.keyboard.press("r")  # to the reason
+    reason = page.locator("#id_reject-reason")
+    expect(reason).to_be_focused()
+    page.keyboard.type("a duplicate, rejected by keyboard")  # an "a" typed here approves nothing
+    expect(reason).to_have_value("a duplicate, rejected by keyboard")
+    assert run_of(server, site.token, middle)["status"] == "interrupted"
+    page.locator("button.reject").click()
+    expect(page.locator("p.decided")).to_contain_text("Already rejected by reviewer1")
+
+    page.goto("/")
+    wait_live(page)
+    expect(page.locator("#inbox-rows > tr")).to_have_count(2)
+    page.keyboard.press("j")
+    page.keyboard.press("a")  # in the inbox: open it, ready to approve, nothing decided yet
+    page.wait_for_url(f"**/interrupts/{newest}/#approve")
+    expect(page.locator("form.approve-form button.approve")).to_be_focused()
+    assert run_of(server, site.token, newest)["status"] == "interrupted"
+    page.keyboard.press("a")  # on its page: approves
+    expect(page.locator("p.decided")).to_contain_text("Already approved by reviewer1")
+    run = run_of(server, site.token, newest)
+    assert run["transcript"][0]["status"] == "approved"
+    assert (
+        run_of(server, site.token, middle)["transcript"][0]["reason"] == "a duplicate, rejected by keyboard"
+    )
+
+
+def test_approve_and_next_walks_the_inbox_and_says_when_it_is_done(site: Site, browser: Browser) -> None:
+    server = site.serve()
+    page = reviewer_in(browser, server.url, ZONE)
+    first, second = (start_invoice(server, site.token, f"NEXT-{n}") for n in (1, 2))
+    expect(page.locator("#inbox-rows > tr")).to_have_count(2)
+    page.locator(f"#interrupt-{second} a.message").click()
+    page.wait_for_url(f"**/interrupts/{second}/")
+    page.locator("button.approve-next").click()
+    page.wait_for_url(f"**/interrupts/{first}/")  # the next one, older, as the inbox lists them
+    expect(page.locator("ul.messages")).to_contain_text("Approved “Approve sending the invoice?”")
+    page.locator("details.reject summary").click()
+    page.fill("#id_reject-reason", "not this month")
+    page.locator("button.reject-next").click()
+    page.wait_for_url(re.compile(r"/$"))
+    expect(page.locator("ul.messages")).to_contain_text("That was the last one")
+    expect(page.locator("#inbox-count")).to_have_text("0")
+    assert run_of(server, site.token, second)["status"] != "interrupted"
+    assert run_of(server, site.token, first)["status"] == "rejected"
+
+
+def test_a_bulk_approval_racing_a_colleague_decides_each_once_and_names_who_won(
+    site: Site, browser: Browser
+) -> None:
+    server = site.serve()
+    page = reviewer_in(browser, server.url, ZONE)
+    ids = [start_invoice(server, site.token, f"BULK-{n}") for n in (1, 2, 3)]
+    expect(page.locator("#inbox-rows > tr")).to_have_count(3)
+    newest, middle, oldest = ids[2], ids[1], ids[0]
+
+    page.locator(f"#interrupt-{newest} input[name=ids]").click()
+    page.locator(f"#interrupt-{oldest} input[name=ids]").click(modifiers=["Shift"])  # the range
+    for i in ids:
+        expect(page.locator(f"#interrupt-{i} input[name=ids]")).to_be_checked()
+    expect(page.locator("#bulk-selected")).to_have_text("3 selected")
+    page.locator("#bulk button[value=approve]").click()
+    page.wait_for_url("**/bulk/?**")
+    expect(page.locator("h1")).to_have_text("Approve 3 of 3 selected?")
+
+    colleague = log_in(browser, server.url, "reviewer2")  # approves one while the preview is open
+    colleague.goto(f"/interrupts/{middle}/")
+    colleague.locator("form.approve-form button.approve").click()
+    expect(colleague.locator("p.decided")).to_contain_text("Already approved by reviewer2")
+
+    page.fill("#id_comment", "batch of the 3rd")
+    page.locator("button.approve").click()
+    expect(page.locator("h1")).to_have_text("Approved 2 of 3")
+    expect(page.locator(f"#bulk-{newest} td.outcome")).to_contain_text("approved")
+    expect(page.locator(f"#bulk-{middle} td.outcome")).to_contain_text(
+        "Not approved: already approved by reviewer2"
+    )
+    for i in ids:
+        decided = [e for e in run_of(server, site.token, i)["transcript"] if e["status"] == "approved"]
+        assert len(decided) == 1, decided
+    assert run_of(server, site.token, newest)["transcript"][0]["decided_by"] == "reviewer1"
+    assert run_of(server, site.token, middle)["transcript"][0]["decided_by"] == "reviewer2"
+    page.goto("/")
+    expect(page.locator("#inbox-count")).to_have_text("0")
