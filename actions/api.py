@@ -104,6 +104,10 @@ class TranscriptEntry(Schema):
     )
     status: str
     answer: Any
+    edited_arguments: Any = Field(
+        None,
+        description="An agent's tool call approved with arguments the reviewer edited: those it ran with",
+    )
     reason: str
     decided_by: str | None
     decided_at: datetime | None
@@ -137,6 +141,11 @@ class RunIn(Schema):
 
 class ResumeIn(Schema):
     data: Any = None
+    arguments: dict[str, Any] | None = Field(
+        None,
+        description="An agent's tool call only: approve it with these arguments instead of the "
+        "proposed ones (validated by the tool's input schema); the model sees the call as edited",
+    )
 
 
 class RejectIn(Schema):
@@ -298,6 +307,7 @@ def transcript_entry(it: Interrupt) -> dict[str, Any]:
         "call": it.binding or None,
         "status": it.status,
         "answer": it.answer,
+        "edited_arguments": it.edited_arguments,
         "reason": it.reason,
         "decided_by": it.decided_by_name or None,
         "decided_at": it.decided_at,
@@ -479,7 +489,11 @@ async def resume_interrupt(
     request: HttpRequest, interrupt_id: int, payload: ResumeIn
 ) -> Status[dict[str, Any]]:
     """Answer a pending interrupt; the run re-runs its action with `data` as the answer."""
-    return await decided(request, interrupt_id, lambda it, token: engine.resume(it, payload.data, token))
+    return await decided(
+        request,
+        interrupt_id,
+        lambda it, token: engine.resume(it, payload.data, token, arguments=payload.arguments),
+    )
 
 
 @api.post(

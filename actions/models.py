@@ -246,6 +246,10 @@ class Interrupt(models.Model):
     binding = JSONField(default=dict, blank=True)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
     answer = JSONField(null=True, blank=True)
+    # An agent's tool call approved with arguments the reviewer edited: the call runs with
+    # these, and the model sees the call as edited. The proposed ones stay in the binding's
+    # hash, the run's messages as they were, and the event log.
+    edited_arguments = JSONField(null=True, blank=True)
     reason = models.TextField(blank=True)
     decided_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+", db_index=False

@@ -4,6 +4,7 @@ OpenAI wire format against a small OpenAI-compatible server started by the test.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -302,3 +303,157 @@ def test_a_model_server_that_is_down_fails_the_run_clearly(settings: Any, team: 
     run.refresh_from_db()
     assert run.status == "failed" and run.error.startswith("the model server refused or failed")
     assert not Interrupt.objects.filter(run=run).exists()
+
+
+# Editing a tool call before approving it (as LangGraph's Agent Inbox does).
+
+
+def test_a_call_approved_with_edited_arguments_runs_with_them_and_the_model_sees_the_edit(
+    openai_server: type[FakeOpenAI], team: Team, reviewer: User
+) -> None:
+    openai_server.replies = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_e1",
+                    "type": "function",
+                    "function": {
+                        "name": "send_invoice",
+                        "arguments": '{"invoice_id": "W-1", "amount": 1250}',
+                    },
+                }
+            ],
+        },
+        {"role": "assistant", "content": "Sent, as corrected."},
+    ]
+    run = start_agent([{"role": "user", "content": "send W-1"}], ["send_invoice"], "local", team, None)
+    interrupt = run.interrupts.get()
+    assert engine.proposed_arguments(interrupt) == {"invoice_id": "W-1", "amount": 1250}
+
+    engine.resume(interrupt, {"approved": True}, reviewer, arguments={"invoice_id": "W-1B", "amount": "125"})
+    run.refresh_from_db()
+    assert (run.status, run.output) == ("completed", "Sent, as corrected.")
+    # The tool ran with the edit, and the model was told its call was the edited one.
+    _, second = openai_server.requests
+    assistant, result = second["body"]["messages"][1:]
+    assert json.loads(assistant["tool_calls"][0]["function"]["arguments"]) == {
+        "invoice_id": "W-1B",
+        "amount": 125.0,
+    }
+    assert json.loads(result["content"])["invoice_id"] == "W-1B"
+    # The transcript and the audit keep both.
+    interrupt.refresh_from_db()
+    assert interrupt.edited_arguments == {"invoice_id": "W-1B", "amount": 125.0}
+    approved = run.events.get(kind="approved")
+    assert approved.detail["edited"] == {
+        "from": {"invoice_id": "W-1", "amount": 1250},
+        "to": {"invoice_id": "W-1B", "amount": 125.0},
+    }
+
+
+def test_an_edit_that_does_not_fit_the_tool_or_changes_nothing_or_is_not_a_tool_call(
+    team: Team, reviewer: User
+) -> None:
+    run = agent(
+        team,
+        [{"tool_calls": [call("c1", "send_invoice", invoice_id="I-1", amount=5)]}, {"content": "ok"}],
+        ["send_invoice"],
+    )
+    interrupt = run.interrupts.get()
+    with pytest.raises(engine.InvalidInput) as refused:
+        engine.resume(interrupt, {"approved": True}, reviewer, arguments={"invoice_id": "I-1", "amount": -5})
+    assert refused.value.errors[0]["loc"] == ["amount"]
+    interrupt.refresh_from_db()
+    assert interrupt.status == "pending"
+    # The same arguments, however typed, are no edit.
+    engine.resume(interrupt, {"approved": True}, reviewer, arguments={"invoice_id": "I-1", "amount": "5"})
+    interrupt.refresh_from_db()
+    assert (interrupt.status, interrupt.edited_arguments) == ("approved", None)
+    assert "edited" not in run.events.get(kind="approved").detail
+
+    plain = engine.start_run("send_invoice", {"invoice_id": "I-2", "amount": 1}, team, None).interrupts.get()
+    assert engine.proposed_arguments(plain) is None
+    with pytest.raises(engine.InvalidInput, match="only an agent's pending tool call"):
+        engine.resume(plain, {"approved": True}, reviewer, arguments={"invoice_id": "I-3", "amount": 1})
+    plain.refresh_from_db()
+    assert plain.status == "pending"
+
+
+def test_a_reviewer_edits_the_call_on_its_page_and_the_run_page_shows_both(
+    team: Team, reviewer: User
+) -> None:
+    run = agent(
+        team,
+        [{"tool_calls": [call("c1", "send_invoice", invoice_id="INV-7", amount=700)]}, {"content": "done"}],
+        ["send_invoice"],
+    )
+    interrupt = run.interrupts.get()
+    client = Client()
+    client.force_login(reviewer)
+    page = client.get(f"/interrupts/{interrupt.pk}/").content.decode()
+    assert "Edit the call before approving" in page
+    assert 'name="edit-invoice_id"' in page and 'value="INV-7"' in page and 'value="700"' in page
+
+    bad = client.post(
+        f"/interrupts/{interrupt.pk}/approve/", {"edit": "1", "edit-invoice_id": "INV-7", "edit-amount": "-1"}
+    )
+    assert bad.status_code == 422
+    assert re.search(
+        r"<ul class=\"errorlist\" id=\"id_edit-amount_error\"><li>Input should be greater than 0",
+        bad.content.decode(),
+    )
+    interrupt.refresh_from_db()
+    assert interrupt.status == "pending"
+
+    done = client.post(
+        f"/interrupts/{interrupt.pk}/approve/",
+        {"edit": "1", "edit-invoice_id": "INV-7", "edit-amount": "70"},
+        follow=True,
+    )
+    assert "with the arguments as you edited them" in done.content.decode()
+    run.refresh_from_db()
+    assert run.status == "completed"
+    tool_result = json.loads(run.driver_state["messages"][2]["content"])
+    assert tool_result["invoice_id"] == "INV-7"
+    sent = json.loads(run.driver_state["messages"][1]["tool_calls"][0]["function"]["arguments"])
+    assert sent == {"invoice_id": "INV-7", "amount": 70.0}
+    run_page = client.get(f"/runs/{run.pk}/").content.decode()
+    edited = re.search(r'<div class="edited">(.*?)</div></div>', run_page, re.S)
+    assert edited is not None and "the model proposed" in edited.group(1)
+    proposed, ran = re.findall(r"<dt>amount</dt><dd><code>([^<]+)</code>", edited.group(1))
+    assert (proposed, ran) == ("700", "70.0")
+    assert "edited them before approving" in run_page
+
+
+def test_the_api_approves_a_call_with_edited_arguments(team: Team, token_key: str) -> None:
+    client = Client(headers={"Authorization": f"Bearer {token_key}", "Prefer": "wait=5"})
+    started = client.post(
+        "/api/agents/runs",
+        json.dumps(
+            {
+                "messages": [{"role": "user", "content": "bill them"}],
+                "tools": ["send_invoice"],
+                "model": {
+                    "scripted": [
+                        {"tool_calls": [call("t1", "send_invoice", invoice_id="I", amount=1)]},
+                        {"content": "billed"},
+                    ]
+                },
+            }
+        ),
+        content_type="application/json",
+    ).json()
+    url = started["interrupt"]["resume_url"].removeprefix("http://testserver")
+    refused = client.post(url, json.dumps({"arguments": {"amount": 2}}), content_type="application/json")
+    assert refused.status_code == 422 and "invoice_id" in refused.content.decode()
+    done = client.post(
+        url,
+        json.dumps({"data": {"approved": True}, "arguments": {"invoice_id": "I-9", "amount": 2}}),
+        content_type="application/json",
+    ).json()
+    assert done["status"] == "completed"
+    detail = client.get(f"/api/agents/runs/{started['id']}").json()
+    assert detail["transcript"][0]["edited_arguments"] == {"invoice_id": "I-9", "amount": 2.0}
+    assert json.loads(detail["messages"][2]["content"])["invoice_id"] == "I-9"

@@ -30,7 +30,7 @@ from actions.core import (
     invoke,
     registry,
 )
-from actions.drivers.base import Answers, Driver, Pause, StepResult, call_binding
+from actions.drivers.base import Answers, Driver, Pause, StepResult, arguments_hash, call_binding
 from actions.models import Run
 
 MAX_TURNS = 25
@@ -194,6 +194,24 @@ def _arguments(call: dict[str, Any]) -> Any:
 class AgentDriver(Driver):
     rejection_continues = True  # a rejected tool call is an error result the model sees
 
+    def proposed_arguments(self, run: Run, binding: dict[str, Any]) -> Any:
+        """The arguments the model proposed for the paused call, as they stand in the run's
+        messages (None if the binding is not a call of the turn the run waits in)."""
+        messages = list((run.driver_state or {}).get("messages") or [])
+        calls = _pending_calls(messages)
+        position = binding.get("position")
+        if binding.get("turn") != _turn(messages) or not isinstance(position, int) or position >= len(calls):
+            return None
+        call = calls[position]
+        try:
+            arguments = _arguments(call)
+        except json.JSONDecodeError:
+            return None
+        same_call = call.get("function", {}).get("name") == binding.get("action")
+        if not same_call or arguments_hash(arguments) != binding.get("arguments_sha256"):
+            return None
+        return arguments
+
     def step(self, run: Run, answers: Answers) -> StepResult:
         state = run.driver_state
         messages: list[dict[str, Any]] = list(state["messages"])
@@ -273,6 +291,12 @@ def _run_calls(
             results[call_id] = f"error: rejected by {answer.decided_by}: {answer.reason}"
             continue
         resumption = answer.resumption if answer is not None else None
+        if answer is not None and answer.arguments is not None:
+            # Approved as the reviewer edited it: the call runs with those arguments, and the
+            # model sees its call so (it may pause again: its binding is of the edited call).
+            arguments = answer.arguments
+            call["function"] = {**call.get("function", {}), "arguments": json.dumps(arguments)}
+            binding = call_binding(name, arguments, turn=turn, position=position)
         outcome = invoke(name, arguments, resumption, run_id=run_id)
         if isinstance(outcome, Interrupted):
             pauses.append(

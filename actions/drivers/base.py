@@ -64,6 +64,8 @@ class Answer:
     state: Any = None
     reason: str = ""
     decided_by: str = ""
+    # The arguments the reviewer edited the call to, when they did: the call runs with these.
+    arguments: Any = None
 
     @property
     def resumption(self) -> ActionResumption:
@@ -142,3 +144,8 @@ class Driver:
 
     def step(self, run: Run, answers: Answers) -> StepResult:
         raise NotImplementedError
+
+    def proposed_arguments(self, run: Run, binding: dict[str, Any]) -> Any:
+        """The arguments of the call a pause with ``binding`` holds, when a reviewer may edit
+        them before approving (an agent's tool call); None when its calls cannot be edited."""
+        return None

@@ -69,8 +69,10 @@ def decide(
     policy: str = "",
     via: str = "",
     also: Callable[[], None] | None = None,
+    edit: tuple[Any, Any] | None = None,
 ) -> Interrupt:
     """Decide a pending interrupt, then ``then(run, interrupt)`` in the same transaction.
+    ``edit`` is (proposed, edited) when a reviewer approves a tool call with edited arguments.
     ``policy`` names the policy deciding it, when no one does; ``via`` where a person decided
     from, when not the dashboard or the API (email, slack), kept in the event log. ``also`` runs
     in the same transaction once the decision is allowed: what it raises undoes the decision
@@ -116,6 +118,7 @@ def decide(
             reason=reason,
             decided_by_id=user.pk if user is not None else None,
             decided_by_name=decision["decided_by_name"],
+            edited_arguments=edit[1] if edit is not None else None,
         )
         if not won:
             raise AlreadyDecided(Interrupt.objects.get(pk=current.pk))
@@ -132,6 +135,9 @@ def decide(
             detail["policy"] = policy
         if via:
             detail["via"] = via
+        if edit is not None:
+            current.edited_arguments = edit[1]
+            detail["edited"] = {"from": edit[0], "to": edit[1]}
         log(run, kinds.get(status, RunEvent.Kind.REJECTED), by, current, **detail)
         inbox_changed(
             "decided", current, before=current.team_ids, after=(), decided_by=current.decided_by_name
@@ -212,13 +218,22 @@ def resume_if_nothing_pending(run: Run, interrupt: Interrupt) -> None:
 
 
 def resume(
-    interrupt: Interrupt, data: Any, by: Actor, *, via: str = "", also: Callable[[], None] | None = None
+    interrupt: Interrupt,
+    data: Any,
+    by: Actor,
+    *,
+    via: str = "",
+    also: Callable[[], None] | None = None,
+    arguments: Any = None,
 ) -> Interrupt:
-    """Approve ``interrupt`` with ``data`` as the answer and queue the run to go on.
+    """Approve ``interrupt`` with ``data`` as the answer and queue the run to go on. With
+    ``arguments``, an agent's tool call is approved as the reviewer edited it: it runs with them.
 
-    Raises InvalidAnswer (nothing changed) or AlreadyDecided (someone else was first).
+    Raises InvalidAnswer or InvalidInput (nothing changed) or AlreadyDecided (someone else was
+    first).
     """
     answer = validate_answer(interrupt, data)
+    edit = validate_edit(interrupt, arguments) if arguments is not None else None
     return decide(
         interrupt,
         Interrupt.Status.APPROVED,
@@ -227,7 +242,43 @@ def resume(
         then=resume_if_nothing_pending,
         via=via,
         also=also,
+        edit=edit,
     )
+
+
+def proposed_arguments(interrupt: Interrupt) -> Any:
+    """The arguments of the call ``interrupt`` holds, when a reviewer may edit them before
+    approving (a pending agent tool call); else None."""
+    if not interrupt.is_pending or "turn" not in (interrupt.binding or {}):
+        return None
+    run = Run.objects.only("consumer", "driver_state").get(pk=interrupt.run_id)
+    return driver_for(run.consumer).proposed_arguments(run, interrupt.binding)
+
+
+def validate_edit(interrupt: Interrupt, arguments: Any) -> tuple[Any, Any] | None:
+    """(proposed, edited) arguments, both as the tool's input model reads them; None when the
+    edit changes nothing. InvalidInput when the call cannot be edited or the edit does not fit
+    the tool's input schema."""
+    check_size("the arguments", arguments)
+    proposed = proposed_arguments(interrupt)
+    act = registry.find(interrupt.action)
+    if proposed is None or act is None:
+        raise InvalidInput("only an agent's pending tool call can be approved with edited arguments", [])
+    if interrupt.approvals_required > 1:
+        raise InvalidInput(
+            "an edit is approved by one person: this call needs "
+            f"{interrupt.approvals_required} approvals of the same arguments",
+            [],
+        )
+    try:
+        edited = act.input_model.model_validate(arguments).model_dump(mode="json")
+    except ValidationError as exc:
+        raise InvalidInput("the arguments do not fit the tool's input schema", field_errors(exc)) from None
+    try:
+        as_proposed = act.input_model.model_validate(proposed).model_dump(mode="json")
+    except ValidationError:
+        as_proposed = proposed
+    return None if edited == as_proposed else (proposed, edited)
 
 
 def reject(

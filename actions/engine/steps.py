@@ -276,6 +276,7 @@ def answer_of(interrupt: Interrupt) -> Answer:
         state=interrupt.state,
         reason=interrupt.reason,
         decided_by=interrupt.decided_by_name,
+        arguments=interrupt.edited_arguments,
     )
 
 

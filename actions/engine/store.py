@@ -381,6 +381,7 @@ def decide(
     reason: str,
     decided_by_id: int | None,
     decided_by_name: str,
+    edited_arguments: Any = None,
 ) -> bool:
     """Decide a pending interrupt. Of two reviewers clicking at once, exactly one changes the
     pending row; the other changes nothing (False)."""
@@ -388,6 +389,7 @@ def decide(
         execute(
             sql(
                 "UPDATE {Interrupt} SET {Interrupt.status} = %s, {Interrupt.answer} = %s,"
+                " {Interrupt.edited_arguments} = %s,"
                 " {Interrupt.reason} = %s, {Interrupt.decided_by} = %s, {Interrupt.decided_by_name} = %s,"
                 " {Interrupt.decided_at} = %s"
                 " WHERE {Interrupt.id} = %s AND {Interrupt.status} = %s"
@@ -395,6 +397,7 @@ def decide(
             [
                 status,
                 Json(answer),
+                Json(edited_arguments),
                 reason,
                 decided_by_id,
                 decided_by_name,
@@ -470,7 +473,8 @@ def decided_interrupts(run_id: int) -> list[Interrupt]:
         Interrupt,
         sql(
             "SELECT {Interrupt.id}, {Interrupt.status}, {Interrupt.answer}, {Interrupt.state},"
-            " {Interrupt.binding}, {Interrupt.reason}, {Interrupt.decided_by_name} FROM {Interrupt}"
+            " {Interrupt.binding}, {Interrupt.reason}, {Interrupt.decided_by_name},"
+            " {Interrupt.edited_arguments} FROM {Interrupt}"
             " WHERE {Interrupt.run} = %s AND {Interrupt.status} IN (%s, %s) ORDER BY {Interrupt.seq}"
         ),
         [run_id, Interrupt.Status.APPROVED, Interrupt.Status.REJECTED],

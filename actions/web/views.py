@@ -148,10 +148,24 @@ def _decision_context(request: AuthenticatedRequest, interrupt: Interrupt, **ext
         "answer_form": (form := answer_form(interrupt) if can_decide else None),
         # A typed answer (the action's answer model) is entered, not approved with one key.
         "answer_typed": form is not None and not isinstance(form, ApprovalForm),
+        # An agent's tool call may be approved with its arguments edited.
+        "edit_form": edit_form(interrupt) if can_decide and not may_not_approve else None,
         "reject_form": RejectForm(prefix="reject") if can_decide else None,
     }
     context.update(extra)
     return context
+
+
+def edit_form(interrupt: Interrupt, data: Any = None) -> SchemaForm | None:
+    """The form that edits the arguments of the tool call ``interrupt`` holds, prefilled with
+    what the model proposed: None when its call cannot be edited (not an agent's, or N-of-M)."""
+    act = registry.find(interrupt.action)
+    if act is None or interrupt.approvals_required > 1:
+        return None
+    proposed = engine.proposed_arguments(interrupt)
+    if not isinstance(proposed, dict):
+        return None
+    return form_for_schema(act.input_schema())(data, initial=proposed, prefix="edit")
 
 
 @login_required
@@ -240,10 +254,15 @@ def _decide(
     try:
         return decide()
     except engine.InvalidInput as exc:
-        if isinstance(form, RejectForm):
-            form.add_error("reason", str(exc))
+        # An answer's errors go on the answer's form; an edited tool call's, on the edit form.
+        edited = form_context.get("edit_form")
+        target = edited if edited is not None and not isinstance(exc, engine.InvalidAnswer) else form
+        if isinstance(target, RejectForm):
+            target.add_error("reason", str(exc))
+        elif exc.errors:
+            target.add_model_errors(exc.errors)
         else:
-            form.add_model_errors(exc.errors)
+            target.add_error(None, f"{str(exc)[:1].upper()}{str(exc)[1:]}.")
         return _render_decision(request, interrupt, status=422, **form_context)
     except engine.PayloadTooLarge as exc:
         # A reason too long is the reason field's error; an answer too large, the whole form's.
@@ -263,13 +282,23 @@ def _decide(
 def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     interrupt = _get_interrupt_for_user(request.user, pk)
     form = answer_form(interrupt, request.POST)
+    # The tool call's arguments, as the reviewer left them in the edit form (when it was shown).
+    edited = edit_form(interrupt, request.POST) if request.POST.get("edit") == "1" else None
+    if edited is not None and not edited.is_valid():
+        return _render_decision(
+            request, interrupt, status=422, answer_form=form, edit_form=edited, open_edit=True
+        )
+    arguments = edited.payload() if edited is not None else None
+    shown: dict[str, Any] = {"answer_form": form}
+    if edited is not None:
+        shown.update(edit_form=edited, open_edit=True)
     decided = _decide(
         request,
         interrupt,
         "approved",
         form,
-        lambda: engine.resume(interrupt, form.payload(), request.user),
-        answer_form=form,
+        lambda: engine.resume(interrupt, form.payload(), request.user, arguments=arguments),
+        **shown,
     )
     if isinstance(decided, HttpResponse):
         return decided
@@ -283,6 +312,10 @@ def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     if decided.is_pending:
         count = len(engine.counted_approvals(decided))
         return _decided(request, interrupt, f"Approved: {count} of {decided.approvals_required} approvals.")
+    if decided.edited_arguments is not None:
+        return _decided(
+            request, interrupt, f"Approved “{interrupt.message}” with the arguments as you edited them."
+        )
     return _decided(request, interrupt, f"Approved “{interrupt.message}”.")
 
 
