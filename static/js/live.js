@@ -187,6 +187,7 @@
       if (!was) {
         inbox.count += 1;
         announce(frame.interrupt_id);
+        say(frame.interrupt_id);
       }
     }
     showCount(el);
@@ -234,6 +235,15 @@
       body: link.textContent.trim(), tag: "grundlag-interrupt-" + interruptId
     });
     note.onclick = function () { window.focus(); window.location.href = link.href; note.close(); };
+  }
+  // Screen readers hear each new approval (a polite live region, outside the list so a refetch
+  // does not read the whole list out).
+  function say(interruptId) {
+    var region = document.getElementById("inbox-announce");
+    var row = document.getElementById("interrupt-" + interruptId);
+    var link = row ? row.querySelector("a.message") : null;
+    if (!region || !link) { return; }
+    region.textContent = "New approval: " + link.textContent.trim() + " " + inbox.count + " waiting.";
   }
   function showNotifyState(button) {
     var said = document.getElementById(button.id + "-state");

@@ -42,6 +42,20 @@ def test_reviewers_see_a_new_approval_live_and_one_decision_clears_it_everywhere
     # The demo's deadline policy (timeuntil separates with no-break spaces).
     expect(reviewer1.locator("#inbox")).to_contain_text(re.compile(r"expires in 7\shours"))
     reviewer1.screenshot(path=str(screenshot_dir(tmp_path) / "inbox.png"))
+    # The same inbox on a phone, in dark mode: cards, not a table.
+    phone = browser.new_context(
+        base_url=server.url,
+        viewport={"width": 390, "height": 844},
+        color_scheme="dark",
+        device_scale_factor=2,
+    ).new_page()
+    phone.goto("/login/")
+    phone.fill("#id_username", "reviewer2")
+    phone.fill("#id_password", "reviewer2-demo")
+    phone.click("button[type=submit]")
+    expect(phone.locator("#inbox tbody tr")).to_have_count(6)
+    phone.screenshot(path=str(screenshot_dir(tmp_path) / "phone.png"))
+    phone.context.close()
 
     with server.client(token) as api:
         run = api.post(

@@ -1,0 +1,121 @@
+"""Every page, in both colour schemes and on a phone (390 px): axe-core (vendored from npm,
+loaded by this test only) finds no serious or critical violation, and nothing scrolls sideways
+on the phone (issue 19)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Page, expect
+
+from tests.integration.browser.conftest import start_invoice, wait_live
+from tests.integration.processes import Server, Site
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+AXE = Path(__file__).resolve().parents[3] / "static" / "vendor" / "axe-core" / "axe.min.js"
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1200, "height": 800}
+
+
+def signed_in(browser: Browser, server: Server, username: str, scheme: str, viewport: dict[str, int]) -> Page:
+    # bypass_csp: the page's policy allows scripts from the site only; axe is the test's own.
+    context = browser.new_context(
+        base_url=server.url,
+        color_scheme=scheme,
+        viewport=viewport,
+        bypass_csp=True,  # type: ignore[arg-type]
+    )
+    page = context.new_page()
+    page.goto("/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", f"{username}-demo")
+    page.click("button[type=submit]")
+    wait_live(page)
+    return page
+
+
+def violations(page: Page) -> list[dict[str, Any]]:
+    if not page.evaluate("() => typeof window.axe !== 'undefined'"):
+        page.add_script_tag(content=AXE.read_text())
+    found: list[dict[str, Any]] = page.evaluate(
+        """async () => {
+          const result = await axe.run(document, {resultTypes: ["violations"]});
+          return result.violations.filter(v => v.impact === "serious" || v.impact === "critical")
+            .map(v => ({id: v.id, impact: v.impact, help: v.help,
+                        nodes: v.nodes.slice(0, 3).map(n => n.target.join(" ") + " :: " + n.failureSummary)}));
+        }"""
+    )
+    return found
+
+
+def sideways(page: Page) -> int:
+    """How far the page scrolls sideways (0: it fits)."""
+    return int(
+        page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    )
+
+
+def pages_to_check(server: Server, token: str) -> list[str]:
+    interrupt_id = start_invoice(server, token, "A11Y-1")
+    start_invoice(server, token, "A11Y-2")
+    with server.client(token) as api:
+        run_id = next(it["run_id"] for it in api.get("/api/interrupts").json() if it["id"] == interrupt_id)
+    return [
+        "/",
+        f"/interrupts/{interrupt_id}/",
+        f"/runs/{run_id}/",
+        "/runs/",
+        "/start/",
+        "/start/send_invoice/",
+        f"/bulk/?verb=approve&ids={interrupt_id}",
+        "/settings/notifications/",
+    ]
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_every_page_passes_axe_in_both_colour_schemes_on_desktop_and_phone(
+    site: Site, browser: Browser, scheme: str
+) -> None:
+    server = site.serve()
+    urls = pages_to_check(server, site.token)
+    problems: dict[str, Any] = {}
+    for viewport in (DESKTOP, PHONE):
+        for username, extra in (("reviewer1", urls), ("auditor", ["/history/"])):
+            page = signed_in(browser, server, username, scheme, viewport)
+            for url in extra:
+                page.goto(url)
+                page.wait_for_load_state("networkidle")
+                where = f"{url} {viewport['width']}px {scheme}"
+                if found := violations(page):
+                    problems[where] = found
+                if viewport is PHONE and (extra_px := sideways(page)):
+                    problems[where + " scrolls sideways"] = f"{extra_px} px"
+            page.context.close()
+    assert not problems, json.dumps(problems, indent=1)
+
+
+def test_the_phone_shows_rows_as_cards_and_a_header_that_fits(site: Site, browser: Browser) -> None:
+    server = site.serve()
+    start_invoice(server, site.token, "PHONE-1")
+    page = signed_in(browser, server, "reviewer1", "light", PHONE)
+    header = page.locator("header.site")
+    box = header.bounding_box()
+    assert box is not None and box["height"] < 120, box
+    row = page.locator("#inbox-rows > tr").first
+    expect(row).to_be_visible()
+    assert row.evaluate("el => getComputedStyle(el).display") == "block"  # a card, not a table row
+    assert page.locator("table.inbox thead").evaluate("el => getComputedStyle(el).display") == "none"
+    assert sideways(page) == 0
+
+
+def test_a_new_approval_is_announced_to_screen_readers(site: Site, browser: Browser) -> None:
+    server = site.serve()
+    page = signed_in(browser, server, "reviewer1", "light", DESKTOP)
+    region = page.locator("#inbox-announce")
+    assert region.get_attribute("aria-live") == "polite"
+    start_invoice(server, site.token, "SR-1")
+    expect(region).to_have_text("New approval: Approve sending the invoice? 1 waiting.")
