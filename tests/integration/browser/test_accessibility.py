@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, ViewportSize, expect
 
 from tests.integration.browser.conftest import start_invoice, wait_live
 from tests.integration.processes import Server, Site
@@ -17,17 +17,20 @@ from tests.integration.processes import Server, Site
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 AXE = Path(__file__).resolve().parents[3] / "static" / "vendor" / "axe-core" / "axe.min.js"
-PHONE = {"width": 390, "height": 844}
-DESKTOP = {"width": 1200, "height": 800}
+PHONE: ViewportSize = {"width": 390, "height": 844}
+DESKTOP: ViewportSize = {"width": 1200, "height": 800}
+Scheme = Literal["light", "dark"]
 
 
-def signed_in(browser: Browser, server: Server, username: str, scheme: str, viewport: dict[str, int]) -> Page:
+def signed_in(
+    browser: Browser, server: Server, username: str, scheme: Scheme, viewport: ViewportSize
+) -> Page:
     # bypass_csp: the page's policy allows scripts from the site only; axe is the test's own.
     context = browser.new_context(
         base_url=server.url,
         color_scheme=scheme,
         viewport=viewport,
-        bypass_csp=True,  # type: ignore[arg-type]
+        bypass_csp=True,
     )
     page = context.new_page()
     page.goto("/login/")
@@ -45,8 +48,8 @@ def violations(page: Page) -> list[dict[str, Any]]:
         """async () => {
           const result = await axe.run(document, {resultTypes: ["violations"]});
           return result.violations.filter(v => v.impact === "serious" || v.impact === "critical")
-            .map(v => ({id: v.id, impact: v.impact, help: v.help,
-                        nodes: v.nodes.slice(0, 3).map(n => n.target.join(" ") + " :: " + n.failureSummary)}));
+            .map(v => ({id: v.id, impact: v.impact, help: v.help, nodes: v.nodes.slice(0, 3)
+              .map(n => n.target.join(" ") + " :: " + n.failureSummary)}));
         }"""
     )
     return found
@@ -78,7 +81,7 @@ def pages_to_check(server: Server, token: str) -> list[str]:
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_every_page_passes_axe_in_both_colour_schemes_on_desktop_and_phone(
-    site: Site, browser: Browser, scheme: str
+    site: Site, browser: Browser, scheme: Scheme
 ) -> None:
     server = site.serve()
     urls = pages_to_check(server, site.token)
