@@ -364,6 +364,24 @@ class Approval(models.Model):
         ]
 
 
+class Comment(models.Model):
+    """A reviewer's word in the discussion of an interrupt: kept with it, in the run's event
+    log (RunEvent.Kind.COMMENTED) and the audit; ``@username`` mentions of team members are
+    told by mail."""
+
+    MAX_LENGTH = 5000
+
+    interrupt = models.ForeignKey(Interrupt, models.CASCADE, related_name="comments")
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, models.SET_NULL, null=True, related_name="+")
+    author_name = models.CharField(max_length=150)
+    body = models.TextField(max_length=MAX_LENGTH)
+    mentions = JSONField(default=list, blank=True)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+
 class Policy(models.Model):
     """A team's override of an action's ApprovalPolicy."""
 
@@ -418,6 +436,8 @@ class RunEvent(models.Model):
         # Its deadline is near and no one has decided: the reviewers are reminded.
         EXPIRING = "expiring"
         CHECKPOINT_VIEWED = "checkpoint_viewed"
+        # A comment on one of its interrupts (the text and who was mentioned in the detail).
+        COMMENTED = "commented"
         # An action raised something unexpected: the exception text and the id callers were told.
         ERROR = "error"
 

@@ -18,6 +18,7 @@ pushing to browsers) happens after commit.
 
 from __future__ import annotations
 
+from actions.engine.comments import comment, may_comment
 from actions.engine.deadlines import apply_policies
 from actions.engine.decisions import (
     CANCELLABLE,
@@ -72,6 +73,8 @@ __all__ = [
     "effective_policy",
     "execute_step",
     "log_event",
+    "comment",
+    "may_comment",
     "may_decide",
     "proposed_arguments",
     "pending_interrupts",

@@ -40,6 +40,8 @@ TYPES: dict[str, str] = {
     Kind.EXPIRED: "interrupt.decided",
     Kind.ESCALATED: "interrupt.escalated",
     Kind.EXPIRING: "interrupt.expiring",
+    # Told only to the members it @mentions, by mail.
+    Kind.COMMENTED: "interrupt.commented",
     Kind.COMPLETED: "run.finished",
     Kind.FAILED: "run.finished",
     Kind.CANCELLED: "run.finished",
@@ -58,6 +60,8 @@ def event_type(event: RunEvent) -> str | None:
     detail = event.detail if isinstance(event.detail, dict) else {}
     counted = isinstance(detail.get("of"), int) and int(detail.get("approvals", 0)) < detail["of"]
     if event.kind == Kind.APPROVED and counted:
+        return None
+    if event.kind == Kind.COMMENTED and not detail.get("mentions"):
         return None
     return kind
 
@@ -92,6 +96,8 @@ def fan_out(event: RunEvent) -> list[Notification]:
         assert event.interrupt_id is not None  # the interrupt's own events name it
         it = Interrupt.objects.select_related("team", "run").get(pk=event.interrupt_id)
         team_ids, data = it.team_ids, interrupt_data(it)
+        if kind == "interrupt.commented":
+            data["comment"] = {"by": event.actor_name, "body": event.detail.get("body", "")}
     else:
         run = Run.objects.select_related("team").get(pk=event.run_id)
         team_ids, data = [run.team_id], run_data(run)
@@ -116,7 +122,9 @@ def fan_out(event: RunEvent) -> list[Notification]:
     for hook in hooks:
         if kind in hook.events:
             notify(Notification.Channel.WEBHOOK, f"w{hook.pk}", body, webhook=hook)
-    if it is not None:
+    if it is not None and kind == "interrupt.commented":
+        _to_mentioned(it, event, body, notify)
+    elif it is not None:
         _to_people(it, kind, body, notify)
     elif settings.SLACK_BOT_TOKEN:
         # Its end cancelled what was still asked in Slack (posted, or being posted): those
@@ -187,6 +195,34 @@ def _to_people(it: Interrupt, kind: str, body: dict[str, Any], notify: Any) -> N
             notify(Notification.Channel.SLACK, f"d{user.pk}", {**body, "slack_user": user.pk}, recipient=user)
     elif routing.slack_channel:
         notify(Notification.Channel.SLACK, f"s{team_id}", {**body, "slack_channel": routing.slack_channel})
+
+
+def _to_mentioned(it: Interrupt, event: RunEvent, body: dict[str, Any], notify: Any) -> None:
+    """A comment's @mentions: a mail to each member named (a mention is personal: whatever the
+    team routes, as long as the person has mail on), in a digest if they chose one."""
+    from django.contrib.auth import get_user_model
+
+    names = [str(name) for name in (event.detail.get("mentions") or [])]
+    users = (
+        get_user_model()
+        .objects.filter(is_active=True, username__in=names, teams__in=it.team_ids)
+        .distinct()
+        .select_related("grundlag_preferences")
+        .order_by("pk")
+    )
+    for user in users:
+        prefs = _preferences(user)
+        if not prefs.email or not user.email:
+            continue
+        slot = _digest_slot()
+        notify(
+            Notification.Channel.EMAIL,
+            f"u{user.pk}",
+            body,
+            recipient=user,
+            digest=prefs.email_digest,
+            next_attempt_at=slot if prefs.email_digest else timezone.now(),
+        )
 
 
 def _people(it: Interrupt, kind: str, team_ids: list[int]) -> list[Any]:

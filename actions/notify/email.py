@@ -30,6 +30,9 @@ def subject(payload: dict[str, Any]) -> str:
         return f"Escalated to your team: {message}"
     if kind == "interrupt.expiring":
         return f"Deadline soon: {message}"
+    if kind == "interrupt.commented":
+        who = (data.get("comment") or {}).get("by") or "Someone"
+        return f"{who} mentioned you: {message}"
     if kind == "interrupt.decided":
         verdict = VERDICTS.get(str(data.get("status")), "Decided")
         who = data.get("decided_by") or "policy"

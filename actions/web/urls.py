@@ -9,6 +9,7 @@ urlpatterns = [
     path("interrupts/<int:pk>/", views.interrupt_detail, name="interrupt"),
     path("interrupts/<int:pk>/approve/", views.approve, name="approve"),
     path("interrupts/<int:pk>/reject/", views.reject, name="reject"),
+    path("interrupts/<int:pk>/comments/", views.comments, name="comments"),
     path("bulk/", bulk.bulk, name="bulk"),
     path("runs/", views.runs, name="runs"),
     path("runs/<int:pk>/", views.run_detail, name="run"),

@@ -178,7 +178,7 @@ def interrupt_detail(request: AuthenticatedRequest, pk: int) -> HttpResponse:
         return render(request, "actions/partials/decision.html", _decision_context(request, interrupt))
     earlier = interrupt.run.interrupts.filter(seq__lt=interrupt.seq).order_by("seq")
     context = _decision_context(request, interrupt, earlier=earlier, run=interrupt.run)
-    return render(request, "actions/interrupt.html", context)
+    return render(request, "actions/interrupt.html", {**_comments_context(request, interrupt), **context})
 
 
 def _render_decision(
@@ -192,7 +192,7 @@ def _render_decision(
     return render(
         request,
         "actions/interrupt.html",
-        {**context, "earlier": earlier, "run": interrupt.run},
+        {**_comments_context(request, interrupt), **context, "earlier": earlier, "run": interrupt.run},
         status=status,
     )
 
@@ -336,6 +336,39 @@ def reject(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     if isinstance(decided, HttpResponse):
         return decided
     return _decided(request, interrupt, f"Rejected “{interrupt.message}”.")
+
+
+# The discussion of an interrupt
+
+
+def _comments_context(request: AuthenticatedRequest, interrupt: Interrupt, **extra: Any) -> dict[str, Any]:
+    return {
+        "interrupt": interrupt,
+        "comments": list(interrupt.comments.all()),
+        "may_comment": engine.may_comment(request.user, interrupt),
+        **extra,
+    }
+
+
+@login_required
+def comments(request: AuthenticatedRequest, pk: int) -> HttpResponse:
+    """GET: the thread (what a push refetches). POST: add the reviewer's comment."""
+    interrupt = _get_interrupt_for_user(request.user, pk)
+    if request.method != "POST":
+        return render(request, "actions/partials/comment_list.html", _comments_context(request, interrupt))
+    text = request.POST.get("body", "")
+    try:
+        engine.comment(interrupt, text, request.user)
+    except (engine.InvalidInput, engine.NotAllowed) as exc:
+        why = exc.errors[0]["msg"] if isinstance(exc, engine.InvalidInput) and exc.errors else str(exc)
+        status = 403 if isinstance(exc, engine.NotAllowed) else 422
+        context = _comments_context(request, interrupt, comment_error=why, comment_text=text)
+        if _htmx(request):
+            return render(request, "actions/partials/comments.html", context)  # htmx swaps 2xx only
+        return render(request, "actions/comment_refused.html", context, status=status)
+    if _htmx(request):
+        return render(request, "actions/partials/comments.html", _comments_context(request, interrupt))
+    return redirect(interrupt.get_absolute_url() + "#comments-" + str(interrupt.pk))
 
 
 # Runs

@@ -206,3 +206,27 @@ def test_a_bulk_approval_racing_a_colleague_decides_each_once_and_names_who_won(
     assert run_of(server, site.token, middle)["transcript"][0]["decided_by"] == "reviewer2"
     page.goto("/")
     expect(page.locator("#inbox-count")).to_have_text("0")
+
+
+def test_a_comment_appears_live_for_a_colleague_viewing_it_and_keeps_what_they_type(
+    site: Site, browser: Browser
+) -> None:
+    server = site.serve()
+    interrupt_id = start_invoice(server, site.token, "TALK-1")
+    mine = reviewer_in(browser, server.url, ZONE)
+    theirs = log_in(browser, server.url, "reviewer2")
+    for page in (mine, theirs):
+        page.goto(f"/interrupts/{interrupt_id}/")
+        wait_live(page)
+    their_box = theirs.locator(f"#id_comment-body-{interrupt_id}")
+    their_box.fill("half a thought")
+
+    box = mine.locator(f"#id_comment-body-{interrupt_id}")
+    box.fill("@reviewer2 is 1 EUR right for TALK-1?")
+    mine.locator(".comment-form button").click()
+    expect(mine.locator(f"#comment-list-{interrupt_id}")).to_contain_text("is 1 EUR right for TALK-1?")
+    expect(box).to_have_value("")  # the form comes back empty
+    # Their page shows it without a reload, and what they were typing is still there.
+    expect(theirs.locator(f"#comment-list-{interrupt_id}")).to_contain_text("is 1 EUR right for TALK-1?")
+    expect(their_box).to_have_value("half a thought")
+    expect(theirs.locator(f"#comment-list-{interrupt_id} li").first).to_contain_text("reviewer1")

@@ -1,0 +1,72 @@
+"""The discussion of an interrupt: comments by the members of its teams, kept in the run's event
+log, and pushed to everyone viewing it. ``@username`` names a member to tell (by mail, through
+the notification channels: actions.notify.dispatch)."""
+
+from __future__ import annotations
+
+import re
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+
+from actions.engine.errors import InvalidInput, NotAllowed
+from actions.engine.journal import atomic, log, push_run_status
+from actions.models import Comment, Interrupt, Run, RunEvent, Team
+
+MENTION = re.compile(r"(?<![\w@.])@([\w.+-]+)")
+
+
+def may_comment(user: AbstractBaseUser | AnonymousUser, interrupt: Interrupt) -> bool:
+    """Members of its teams (the team it escalated to too), whoever may decide it."""
+    pk = getattr(user, "pk", None)
+    return pk is not None and Team.objects.filter(pk__in=interrupt.team_ids, members=pk).exists()
+
+
+def mentioned(body: str, interrupt: Interrupt, author_pk: int) -> list[str]:
+    """The members of its teams named with @username, in the order named, the author left out."""
+    names = list(dict.fromkeys(match.group(1).rstrip(".") for match in MENTION.finditer(body)))
+    if not names:
+        return []
+    found = set(
+        get_user_model()
+        .objects.filter(username__in=names, is_active=True, teams__in=interrupt.team_ids)
+        .exclude(pk=author_pk)
+        .values_list("username", flat=True)
+    )
+    return [name for name in names if name in found]
+
+
+def comment(interrupt: Interrupt, body: str, by: AbstractBaseUser) -> Comment:
+    """Add ``by``'s comment to ``interrupt``: InvalidInput for an empty or too long one,
+    NotAllowed for someone outside its teams. Open before and after it is decided."""
+    text = body.strip()
+    if not text:
+        raise InvalidInput("a comment needs some text", [{"loc": ["body"], "msg": "Write something first."}])
+    if len(text) > Comment.MAX_LENGTH:
+        msg = f"At most {Comment.MAX_LENGTH} characters (this one has {len(text)})."
+        raise InvalidInput("the comment is too long", [{"loc": ["body"], "msg": msg}])
+    if not may_comment(by, interrupt):
+        raise NotAllowed(f"Only members of {interrupt.team} can discuss this.")
+    author_pk = int(by.pk)
+    mentions = mentioned(text, interrupt, author_pk)
+    with atomic():
+        made = Comment.objects.create(
+            interrupt=interrupt,
+            author_id=author_pk,
+            author_name=by.get_username(),
+            body=text,
+            mentions=mentions,
+        )
+        log(
+            interrupt.run_id,
+            RunEvent.Kind.COMMENTED,
+            by,
+            interrupt,
+            comment=made.pk,
+            body=text,
+            mentions=mentions,
+        )
+        # Everyone viewing it (its page watches its run) fetches the thread again.
+        run = Run.objects.only("team_id", "status").get(pk=interrupt.run_id)
+        push_run_status(run, run.status)
+    return made
