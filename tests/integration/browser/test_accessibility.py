@@ -87,6 +87,16 @@ def test_every_page_passes_axe_in_both_colour_schemes_on_desktop_and_phone(
     urls = pages_to_check(server, site.token)
     problems: dict[str, Any] = {}
     for viewport in (DESKTOP, PHONE):
+        # Signed out: the login page.
+        anonymous = browser.new_context(
+            base_url=server.url, color_scheme=scheme, viewport=viewport, bypass_csp=True
+        ).new_page()
+        anonymous.goto("/login/")
+        if found := violations(anonymous):
+            problems[f"/login/ {viewport['width']}px {scheme}"] = found
+        if viewport is PHONE and (extra_px := sideways(anonymous)):
+            problems[f"/login/ {scheme} scrolls sideways"] = f"{extra_px} px"
+        anonymous.context.close()
         for username, extra in (("reviewer1", urls), ("auditor", ["/history/"])):
             page = signed_in(browser, server, username, scheme, viewport)
             for url in extra:

@@ -4,6 +4,7 @@ racing a colleague's."""
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
 from typing import Any
@@ -230,3 +231,44 @@ def test_a_comment_appears_live_for_a_colleague_viewing_it_and_keeps_what_they_t
     expect(theirs.locator(f"#comment-list-{interrupt_id}")).to_contain_text("is 1 EUR right for TALK-1?")
     expect(their_box).to_have_value("half a thought")
     expect(theirs.locator(f"#comment-list-{interrupt_id} li").first).to_contain_text("reviewer1")
+
+
+def test_a_reviewer_edits_an_agents_tool_call_before_approving_it(site: Site, browser: Browser) -> None:
+    server = site.serve()
+    with server.client(site.token) as api:
+        run = api.post(
+            "/api/agents/runs",
+            json={
+                "messages": [{"role": "user", "content": "bill ACME"}],
+                "tools": ["send_invoice"],
+                "model": {
+                    "scripted": [
+                        {
+                            "tool_calls": [
+                                {
+                                    "id": "c1",
+                                    "name": "send_invoice",
+                                    "arguments": {"invoice_id": "AG-1", "amount": 900},
+                                }
+                            ]
+                        },
+                        {"content": "billed"},
+                    ]
+                },
+            },
+            headers={"Prefer": "wait=20"},
+        ).json()
+    assert run["status"] == "interrupted", run
+    page = reviewer_in(browser, server.url, ZONE)
+    page.goto(f"/interrupts/{run['interrupt']['id']}/")
+    page.locator("details.edit-call summary").click()
+    expect(page.locator("#id_edit-amount")).to_have_value("900")
+    page.fill("#id_edit-amount", "90")
+    page.locator("form.approve-form button.approve").click()
+    expect(page.locator("p.decided")).to_contain_text("Already approved by reviewer1")
+    with server.client(site.token) as api:
+        done = api.get(f"/api/agents/runs/{run['id']}").json()
+    assert done["status"] == "completed", done
+    assert done["transcript"][0]["edited_arguments"] == {"invoice_id": "AG-1", "amount": 90.0}
+    called = done["messages"][1]["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(called) == {"invoice_id": "AG-1", "amount": 90.0}  # what the model saw
