@@ -30,7 +30,7 @@ from actions.core import (
     invoke,
     registry,
 )
-from actions.drivers.base import Answers, Driver, Pause, StepResult, arguments_hash, call_binding
+from actions.drivers.base import Answers, Driver, Pause, StepResult, call_binding
 from actions.models import Run
 
 MAX_TURNS = 25
@@ -200,17 +200,16 @@ class AgentDriver(Driver):
         messages = list((run.driver_state or {}).get("messages") or [])
         calls = _pending_calls(messages)
         position = binding.get("position")
-        if binding.get("turn") != _turn(messages) or not isinstance(position, int) or position >= len(calls):
+        if not isinstance(position, int) or not 0 <= position < len(calls):
             return None
         call = calls[position]
         try:
             arguments = _arguments(call)
         except json.JSONDecodeError:
             return None
-        same_call = call.get("function", {}).get("name") == binding.get("action")
-        if not same_call or arguments_hash(arguments) != binding.get("arguments_sha256"):
-            return None
-        return arguments
+        name = call.get("function", {}).get("name", "")
+        shown_for = call_binding(name, arguments, turn=_turn(messages), position=position)
+        return arguments if shown_for == binding else None
 
     def step(self, run: Run, answers: Answers) -> StepResult:
         state = run.driver_state

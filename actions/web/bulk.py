@@ -13,14 +13,14 @@ from typing import Any
 
 from django import forms
 from django.contrib.auth.decorators import login_required
-from django.db.models import Count, Q
 from django.http import HttpResponse
 from django.shortcuts import render
+from django.utils.text import capfirst
 
 from actions import engine
 from actions.core import registry
 from actions.models import Interrupt, Team
-from actions.web.views import INBOX_LIMIT, AuthenticatedRequest
+from actions.web.views import INBOX_LIMIT, AuthenticatedRequest, pending_in_inbox
 
 # At most this many in one bulk decision: the inbox's page. More are decided in a second round.
 BULK_LIMIT = INBOX_LIMIT
@@ -55,27 +55,17 @@ class Line:
         return self.outcome in VERBS
 
 
-def _visible(request: AuthenticatedRequest) -> Any:
-    teams = Team.objects.filter(members=request.user)
-    return Interrupt.objects.filter(Interrupt.visible_to(teams)).select_related("run", "team", "escalate_to")
-
-
 def _chosen(request: AuthenticatedRequest, data: Any, *, by_filter: bool) -> tuple[list[Interrupt], int]:
     """The interrupts a request names: its ids, or (``by_filter``, the preview only) with all=1
-    every pending one in the inbox as filtered (filter_team, filter_action), newest first. Returns them (at
-    most BULK_LIMIT) and how many matched."""
-    visible = _visible(request)
+    every pending one in the inbox as filtered (filter_team, filter_action), newest first.
+    Returns them (at most BULK_LIMIT) and how many matched."""
     if by_filter and data.get("all"):
-        teams = Team.objects.filter(members=request.user)
-        if data.get("filter_team"):
-            teams = teams.filter(slug=data["filter_team"])
-        matching = visible.filter(Interrupt.visible_to(teams), status=Interrupt.Status.PENDING)
-        if data.get("filter_action"):
-            matching = matching.filter(action=data["filter_action"])
+        matching = pending_in_inbox(request.user, data.get("filter_team", ""), data.get("filter_action", ""))
     else:
+        teams = Team.objects.filter(members=request.user)
         ids = [int(i) for i in data.getlist("ids") if str(i).isdigit()]
-        matching = visible.filter(pk__in=ids)
-    matching = matching.annotate(approval_count=Count("approvals", filter=Q(approvals__superseded_at=None)))
+        matching = Interrupt.objects.filter(Interrupt.visible_to(teams), pk__in=ids)
+    matching = matching.select_related("run", "team", "escalate_to")
     total = matching.count()
     return list(matching.order_by("-created_at", "-id")[:BULK_LIMIT]), total
 
@@ -88,8 +78,7 @@ def _needs_answer(interrupt: Interrupt) -> bool:
 def _preview(request: AuthenticatedRequest, interrupt: Interrupt, verb: str) -> Line:
     user = request.user
     if not interrupt.is_pending:
-        text = str(engine.AlreadyDecided(interrupt))
-        return Line(interrupt, "already", f"{text[0].upper()}{text[1:]}.")
+        return Line(interrupt, "already", f"{capfirst(str(engine.AlreadyDecided(interrupt)))}.")
     if not engine.may_decide(user, interrupt):
         return Line(interrupt, "refused", f"Not allowed: {engine.why_not(user, interrupt)}")
     if interrupt.approvals.filter(user=user, superseded_at=None).exists():

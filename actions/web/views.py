@@ -12,12 +12,13 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
-from django.db.models import Count, Q
+from django.db.models import Count, Q, QuerySet
 from django.forms import ModelForm
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import urlencode
+from django.utils.text import capfirst
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
@@ -75,6 +76,17 @@ def _can_decide(user: User, interrupt: Interrupt) -> bool:
 INBOX_LIMIT = 200
 
 
+def pending_in_inbox(user: User, team_slug: str = "", action_name: str = "") -> QuerySet[Interrupt]:
+    """What the user's inbox shows, as filtered: the pending interrupts of their teams (or of the
+    one named), their own and those escalated to them, of any action (or the one named). The
+    inbox lists them, "& next" walks them, a bulk decision's "select all" takes them."""
+    teams = Team.objects.filter(members=user)
+    if team_slug:
+        teams = teams.filter(slug=team_slug)
+    pending = Interrupt.objects.filter(Interrupt.visible_to(teams), status=Interrupt.Status.PENDING)
+    return pending.filter(action=action_name) if action_name else pending
+
+
 @login_required
 def inbox(request: AuthenticatedRequest) -> HttpResponse:
     teams = list(Team.objects.filter(members=request.user))
@@ -83,9 +95,7 @@ def inbox(request: AuthenticatedRequest) -> HttpResponse:
     # A team's inbox holds its own pending interrupts and those escalated to it: what the page
     # shows for a team filter, and what live.js decides with from a frame's teams.
     shown = [t for t in teams if t.slug == team_slug] if team_slug else teams
-    pending = Interrupt.objects.filter(Interrupt.visible_to(shown), status=Interrupt.Status.PENDING)
-    if action_name:
-        pending = pending.filter(action=action_name)
+    pending = pending_in_inbox(request.user, team_slug, action_name)
     with engine.snapshot():
         # One moment: the rows, the count and the stream numbers they are as of, so the frames
         # after them apply exactly once.
@@ -222,15 +232,8 @@ def next_pending(request: AuthenticatedRequest, current: Interrupt) -> Interrupt
     """The pending interrupt after ``current`` in the reviewer's inbox (newest first, as it was
     last filtered), else the first one: what "& next" opens."""
     wanted = request.session.get(INBOX_FILTER) or {}
-    teams = Team.objects.filter(members=request.user)
-    if wanted.get("team"):
-        teams = teams.filter(slug=wanted["team"])
-    pending = Interrupt.objects.filter(Interrupt.visible_to(teams), status=Interrupt.Status.PENDING).exclude(
-        pk=current.pk
-    )
-    if wanted.get("action"):
-        pending = pending.filter(action=wanted["action"])
-    newest_first = pending.order_by("-created_at", "-id")
+    pending = pending_in_inbox(request.user, wanted.get("team", ""), wanted.get("action", ""))
+    newest_first = pending.exclude(pk=current.pk).order_by("-created_at", "-id")
     older = newest_first.filter(
         Q(created_at__lt=current.created_at) | Q(created_at=current.created_at, id__lt=current.pk)
     )
@@ -262,7 +265,7 @@ def _decide(
         elif exc.errors:
             target.add_model_errors(exc.errors)
         else:
-            target.add_error(None, f"{str(exc)[:1].upper()}{str(exc)[1:]}.")
+            target.add_error(None, f"{capfirst(str(exc))}.")
         return _render_decision(request, interrupt, status=422, **form_context)
     except engine.PayloadTooLarge as exc:
         # A reason too long is the reason field's error; an answer too large, the whole form's.
