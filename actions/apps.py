@@ -28,6 +28,7 @@ class ActionsConfig(AppConfig):
         # The engine announces what changed, once it is committed; open pages hear of it.
         journal.team_changed.connect(live.on_team_changed, dispatch_uid="live-team")
         journal.run_changed.connect(live.on_run_changed, dispatch_uid="live-run")
+        journal.discussed.connect(live.on_discussed, dispatch_uid="live-discussed")
         # A socket re-checks its user's access as soon as it changes, not at its next check.
         signals.m2m_changed.connect(
             live.on_membership_changed, sender=Team.members.through, dispatch_uid="live-members"
@@ -39,6 +40,7 @@ class ActionsConfig(AppConfig):
         # Notifications (mail, Slack, webhooks) go out soon after a change worth telling.
         journal.team_changed.connect(notify.dispatch_soon, dispatch_uid="notify-team")
         journal.run_changed.connect(notify.on_run_changed, dispatch_uid="notify-run")
+        journal.discussed.connect(notify.on_discussed, dispatch_uid="notify-discussed")
         # Production's figures (actions.metrics): the engine's signals, the database's counts.
         metrics.register()
         # Importing a module registers the actions it defines with @action.

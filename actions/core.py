@@ -70,28 +70,30 @@ def json_problem(value: Any, path: str = "$") -> str | None:
 MAX_NESTING = 32
 
 
-def _unicode(text: str) -> bool:
+def _text_problem(text: str) -> str | None:
+    """Why a string cannot be stored: "not_unicode" (a lone surrogate) or "nul" (the NUL
+    character): JSON can carry both, PostgreSQL stores neither. None when it can be."""
     try:
         text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate: JSON can carry it, no database can store it
-        return False
-    return True
+    except UnicodeEncodeError:
+        return "not_unicode"
+    return "nul" if "\x00" in text else None
 
 
 def value_problem(value: Any, max_depth: int = MAX_NESTING) -> tuple[str, list[Any]] | None:
-    """("too_deep" | "not_finite" | "not_unicode", path) for the first place ``value`` cannot
-    be stored, or None. Walked without recursion: the depth is the caller's choice."""
+    """("too_deep" | "not_finite" | "not_unicode" | "nul", path) for the first place ``value``
+    cannot be stored, or None. Walked without recursion: the depth is the caller's choice."""
     stack: list[tuple[Any, list[Any]]] = [(value, [])]
     while stack:
         item, path = stack.pop()
         if isinstance(item, float) and not math.isfinite(item):
             return ("not_finite", path)
-        if isinstance(item, str) and not _unicode(item):
-            return ("not_unicode", path)
+        if isinstance(item, str) and (problem := _text_problem(item)):
+            return (problem, path)
         if isinstance(item, dict):
             for key in item:
-                if isinstance(key, str) and not _unicode(key):
-                    return ("not_unicode", [*path, key.encode("utf-8", "backslashreplace").decode()])
+                if isinstance(key, str) and (problem := _text_problem(key)):
+                    return (problem, [*path, key.encode("utf-8", "backslashreplace").decode()])
             children: list[tuple[Any, Any]] = list(item.items())
         elif isinstance(item, (list, tuple)):
             children = list(enumerate(item))

@@ -427,6 +427,95 @@ def test_a_reviewer_edits_the_call_on_its_page_and_the_run_page_shows_both(
     assert "edited them before approving" in run_page
 
 
+def test_an_approval_without_the_edit_ticked_runs_the_call_as_proposed_whatever_the_fields_hold(
+    team: Team, reviewer: User
+) -> None:
+    run = agent(
+        team,
+        [{"tool_calls": [call("c1", "send_invoice", invoice_id="INV-8", amount=80)]}, {"content": "done"}],
+        ["send_invoice"],
+    )
+    interrupt = run.interrupts.get()
+    client = Client()
+    client.force_login(reviewer)
+    page = client.get(f"/interrupts/{interrupt.pk}/").content.decode()
+    assert '<input type="checkbox" name="edit" value="1">' in page, "not ticked until the reviewer edits"
+    # What a browser posts for a plain Approve: the fields as they are (here, changed), no tick.
+    client.post(f"/interrupts/{interrupt.pk}/approve/", {"edit-invoice_id": "INV-8 ", "edit-amount": "8"})
+    interrupt.refresh_from_db()
+    assert (interrupt.status, interrupt.edited_arguments) == ("approved", None)
+    sent = json.loads(
+        Run.objects.get(pk=run.pk).driver_state["messages"][1]["tool_calls"][0]["function"]["arguments"]
+    )
+    assert sent == {"invoice_id": "INV-8", "amount": 80}
+
+
+def test_an_edit_changes_only_the_fields_the_reviewer_changed_and_is_refused_where_none_is_offered(
+    team: Team, reviewer: User
+) -> None:
+    run = agent(
+        team,
+        [{"tool_calls": [call("c1", "send_invoice", invoice_id="  INV-9\n", amount=90)]}, {"content": "ok"}],
+        ["send_invoice"],
+    )
+    interrupt = run.interrupts.get()
+    client = Client()
+    client.force_login(reviewer)
+    # A browser sends the untouched text field trimmed of its newline; only the amount was edited.
+    client.post(
+        f"/interrupts/{interrupt.pk}/approve/", {"edit": "1", "edit-invoice_id": "INV-9", "edit-amount": "9"}
+    )
+    interrupt.refresh_from_db()
+    assert interrupt.edited_arguments == {"invoice_id": "  INV-9\n", "amount": 9.0}
+
+    plain = engine.start_run("send_invoice", {"invoice_id": "P-1", "amount": 1}, team, None).interrupts.get()
+    refused = client.post(f"/interrupts/{plain.pk}/approve/", {"edit": "1", "edit-amount": "2"})
+    assert refused.status_code == 422
+    assert "Not approved: this call&#x27;s arguments cannot be edited." in refused.content.decode()
+    plain.refresh_from_db()
+    assert plain.status == "pending"
+
+
+def test_text_with_a_nul_character_is_refused_as_an_edit_or_an_answer(team: Team, token_key: str) -> None:
+    run = agent(
+        team,
+        [{"tool_calls": [call("c1", "send_invoice", invoice_id="N-1", amount=1)]}, {"content": "ok"}],
+        ["send_invoice"],
+    )
+    url = f"/api/interrupts/{run.interrupts.get().pk}/resume"
+    client = Client(headers={"Authorization": f"Bearer {token_key}"})
+    for body in ('{"arguments": {"invoice_id": "N\\u0000", "amount": 1}}', '{"data": {"note": "a\\u0000"}}'):
+        refused = client.post(url, body, content_type="application/json")
+        assert refused.status_code == 422, refused.content
+        assert "NUL character" in refused.json()["detail"][0]["msg"], refused.json()
+    assert run.interrupts.get().status == "pending"
+
+
+def test_only_a_calls_first_pause_can_be_edited(team: Team, reviewer: User) -> None:
+    """A second pause of the same call resumes a checkpoint made with the arguments it has."""
+    run = agent(
+        team,
+        [{"tool_calls": [call("c1", "transfer_funds", amount=5000, to="DE1")]}, {"content": "moved"}],
+        ["transfer_funds"],
+    )
+    first = run.interrupts.get()
+    engine.resume(first, {"approved": True}, reviewer, arguments={"amount": 1500, "to": "DE1"})
+    run.refresh_from_db()
+    second = run.interrupts.get(status="pending")
+    assert second.message.startswith("Second confirmation: 1,500.00 EUR")
+    assert engine.proposed_arguments(second) is None
+    with pytest.raises(engine.InvalidInput, match="at its first pause"):
+        engine.resume(second, {"approved": True}, reviewer, arguments={"amount": 10, "to": "DE1"})
+    client = Client()
+    client.force_login(reviewer)
+    assert "Edit the call before approving" not in client.get(f"/interrupts/{second.pk}/").content.decode()
+    engine.resume(second, {"approved": True}, reviewer)
+    run.refresh_from_db()
+    assert run.status == "completed"
+    result = json.loads(run.driver_state["messages"][2]["content"])
+    assert result["transferred"] is True and len(result["answers"]) == 2
+
+
 def test_the_api_approves_a_call_with_edited_arguments(team: Team, token_key: str) -> None:
     client = Client(headers={"Authorization": f"Bearer {token_key}", "Prefer": "wait=5"})
     started = client.post(

@@ -69,6 +69,8 @@ def test_an_empty_or_too_long_comment_or_one_from_outside_the_team_is_refused_an
     long = client.post(f"/interrupts/{it.pk}/comments/", {"body": "x" * 5001})
     assert long.status_code == 422 and "At most 5000 characters (this one has 5001)." in long.content.decode()
     assert 'maxlength="5000"' in long.content.decode() and "x" * 5001 in long.content.decode(), "kept to fix"
+    nul = client.post(f"/interrupts/{it.pk}/comments/", {"body": "a\x00b"})
+    assert nul.status_code == 422 and "Remove the NUL character." in nul.content.decode()
     htmx = client.post(f"/interrupts/{it.pk}/comments/", {"body": ""}, headers={"HX-Request": "true"})
     assert htmx.status_code == 200 and "Write something first." in htmx.content.decode()
     # Another team's interrupt does not exist for them; a staff auditor reads, not discusses.
@@ -79,6 +81,32 @@ def test_an_empty_or_too_long_comment_or_one_from_outside_the_team_is_refused_an
     )
     assert 'name="body"' not in logged_in(auditor).get(f"/interrupts/{it.pk}/").content.decode()
     assert not Comment.objects.exists() and not RunEvent.objects.filter(kind=RunEvent.Kind.COMMENTED).exists()
+
+
+def test_a_comment_tells_pages_of_its_run_and_the_mentioned_without_a_run_change(
+    team: Team, reviewer: User, second_reviewer: User
+) -> None:
+    """No run status changed: nobody waiting for one (an API caller's Prefer: wait) is woken."""
+    from actions.engine import journal
+
+    it = start(team)
+    heard: dict[str, list[dict[str, Any]]] = {"discussed": [], "run_changed": []}
+
+    def hear(name: str) -> Any:
+        return lambda sender, **kwargs: heard[name].append(kwargs)
+
+    on_discussed, on_run = hear("discussed"), hear("run_changed")
+    journal.discussed.connect(on_discussed)
+    journal.run_changed.connect(on_run)
+    try:
+        engine.comment(it, "@reviewer2 look", reviewer)
+    finally:
+        journal.discussed.disconnect(on_discussed)
+        journal.run_changed.disconnect(on_run)
+    assert heard["run_changed"] == []
+    assert heard["discussed"] == [
+        {"signal": journal.discussed, "run_id": it.run_id, "interrupt_id": it.pk, "mentions": ["reviewer2"]}
+    ]
 
 
 def test_a_mention_mails_the_member_named_and_nobody_else(

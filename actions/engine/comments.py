@@ -8,10 +8,11 @@ import re
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import transaction
 
 from actions.engine.errors import InvalidInput, NotAllowed
-from actions.engine.journal import atomic, log, push_run_status
-from actions.models import Comment, Interrupt, Run, RunEvent, Team
+from actions.engine.journal import atomic, discussed, log
+from actions.models import Comment, Interrupt, RunEvent, Team
 
 MENTION = re.compile(r"(?<![\w@.])@([\w.+-]+)")
 
@@ -42,6 +43,10 @@ def comment(interrupt: Interrupt, body: str, by: AbstractBaseUser) -> Comment:
     text = body.strip()
     if not text:
         raise InvalidInput("a comment needs some text", [{"loc": ["body"], "msg": "Write something first."}])
+    if "\x00" in text:
+        raise InvalidInput(
+            "the comment holds a NUL character", [{"loc": ["body"], "msg": "Remove the NUL character."}]
+        )
     if len(text) > Comment.MAX_LENGTH:
         msg = f"At most {Comment.MAX_LENGTH} characters (this one has {len(text)})."
         raise InvalidInput("the comment is too long", [{"loc": ["body"], "msg": msg}])
@@ -66,7 +71,12 @@ def comment(interrupt: Interrupt, body: str, by: AbstractBaseUser) -> Comment:
             body=text,
             mentions=mentions,
         )
-        # Everyone viewing it (its page watches its run) fetches the thread again.
-        run = Run.objects.only("team_id", "status").get(pk=interrupt.run_id)
-        push_run_status(run, run.status)
+        # Everyone viewing it (its page watches its run) fetches the thread again; no run
+        # status changed, so nobody waiting for one is woken.
+        transaction.on_commit(
+            lambda: discussed.send(
+                Comment, run_id=interrupt.run_id, interrupt_id=interrupt.pk, mentions=mentions
+            ),
+            robust=True,
+        )
     return made

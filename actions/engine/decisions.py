@@ -246,13 +246,20 @@ def resume(
     )
 
 
-def proposed_arguments(interrupt: Interrupt) -> Any:
+def proposed_arguments(interrupt: Interrupt, run: Run | None = None) -> Any:
     """The arguments of the call ``interrupt`` holds, when a reviewer may edit them before
-    approving (a pending agent tool call); else None."""
-    if not interrupt.is_pending or "turn" not in (interrupt.binding or {}):
+    approving; else None. Only a pending agent tool call, at its first pause (a later one
+    resumes a checkpoint made with the arguments it has: an edit then would resume it with
+    others), and decided by one person (several approve the same arguments or none)."""
+    binding = interrupt.binding or {}
+    if not interrupt.is_pending or "turn" not in binding or interrupt.approvals_required > 1:
         return None
-    run = Run.objects.only("consumer", "driver_state").get(pk=interrupt.run_id)
-    return driver_for(run.consumer).proposed_arguments(run, interrupt.binding)
+    earlier = Interrupt.objects.filter(run_id=interrupt.run_id, seq__lt=interrupt.seq)
+    if earlier.filter(binding__turn=binding["turn"], binding__position=binding.get("position")).exists():
+        return None
+    if run is None:
+        run = Run.objects.only("consumer", "driver_state").get(pk=interrupt.run_id)
+    return driver_for(run.consumer).proposed_arguments(run, binding)
 
 
 def validate_edit(interrupt: Interrupt, arguments: Any) -> tuple[Any, Any] | None:
@@ -263,11 +270,9 @@ def validate_edit(interrupt: Interrupt, arguments: Any) -> tuple[Any, Any] | Non
     proposed = proposed_arguments(interrupt)
     act = registry.find(interrupt.action)
     if proposed is None or act is None:
-        raise InvalidInput("only an agent's pending tool call can be approved with edited arguments", [])
-    if interrupt.approvals_required > 1:
         raise InvalidInput(
-            "an edit is approved by one person: this call needs "
-            f"{interrupt.approvals_required} approvals of the same arguments",
+            "only an agent's pending tool call, at its first pause and decided by one person, can be"
+            " approved with edited arguments",
             [],
         )
     try:

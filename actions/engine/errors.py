@@ -124,6 +124,7 @@ def check_size(what: str, value: Any, *, limit: int | None = None) -> None:
             "too_deep": f"nested deeper than {MAX_NESTING} levels",
             "not_finite": "NaN and Infinity are not JSON numbers",
             "not_unicode": "text with a lone surrogate is not Unicode",
+            "nul": "text with the NUL character (\\u0000) cannot be stored",
         }[kind]
         path = [safe_text(step) if isinstance(step, str) else step for step in path]
         where = "".join(f"[{step!r}]" if isinstance(step, int) else f".{step}" for step in path)

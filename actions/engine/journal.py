@@ -126,6 +126,9 @@ def log(
 # numbered in its teams' streams. run_changed: team_id, run_id, status, finished.
 team_changed = Signal()
 run_changed = Signal()
+# Sent after commit: someone commented on an interrupt (run_id, interrupt_id, mentions). Pages
+# showing the run fetch the thread again; mentions are told. The run itself did not change.
+discussed = Signal()
 # Sent by the process that ran a step, once it is recorded: action, status, seconds (the step
 # itself), queued_seconds (from its message being sent to its claim; None when not known).
 step_ran = Signal()

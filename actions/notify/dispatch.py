@@ -302,6 +302,12 @@ def dispatch_soon(sender: Any = None, **kwargs: Any) -> None:
     run_in_background(_dispatch_wanted)
 
 
+def on_discussed(sender: Any = None, *, mentions: list[str], **kwargs: Any) -> None:
+    """The engine's discussed signal: a comment that names someone is told soon."""
+    if mentions:
+        dispatch_soon()
+
+
 def on_run_changed(sender: Any = None, *, finished: bool = False, **kwargs: Any) -> None:
     """The engine's run_changed signal: a run that finished is told (run.finished)."""
     if finished:

@@ -63,7 +63,8 @@ def _chosen(request: AuthenticatedRequest, data: Any, *, by_filter: bool) -> tup
         matching = pending_in_inbox(request.user, data.get("filter_team", ""), data.get("filter_action", ""))
     else:
         teams = Team.objects.filter(members=request.user)
-        ids = [int(i) for i in data.getlist("ids") if str(i).isdigit()]
+        # Ids as a database has them: ASCII digits, within a 64-bit integer.
+        ids = [int(i) for i in data.getlist("ids") if i.isascii() and i.isdigit() and len(i) < 19]
         matching = Interrupt.objects.filter(Interrupt.visible_to(teams), pk__in=ids)
     matching = matching.select_related("run", "team", "escalate_to")
     total = matching.count()

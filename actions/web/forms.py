@@ -71,11 +71,36 @@ class SchemaForm(forms.Form):
             data[name] = value
         return data
 
+    def edited_arguments(self) -> dict[str, Any]:
+        """The initial values (a tool call's proposed arguments) with the fields the reviewer
+        changed put on top: a field left alone keeps its value exactly, whatever a browser's
+        input does to text (newlines, spaces); one emptied is left out, for the model's default."""
+        arguments = dict(self.initial)
+        for name in self.changed_data:
+            value = self.cleaned_data.get(name)
+            if _as_posted(self.fields[name], self.initial.get(name)) == _as_posted(self.fields[name], value):
+                continue  # what the browser did to the text, not an edit
+            if value in (None, "") and not self.fields[name].required:
+                arguments.pop(name, None)
+            else:
+                arguments[name] = value
+        return arguments
+
     def add_model_errors(self, errors: list[dict[str, Any]]) -> None:
         for error in errors:
             loc = error.get("loc") or []
             field = str(loc[0]) if loc and str(loc[0]) in self.fields else None
             self.add_error(field, error["msg"])
+
+
+def _as_posted(field: forms.Field, value: Any) -> Any:
+    """``value`` as it comes back from a browser's field: cleaned the way the field cleans
+    (text stripped), with a textarea's CRLF line ends."""
+    try:
+        value = field.to_python(value)
+    except forms.ValidationError:
+        return value
+    return value.replace("\r\n", "\n") if isinstance(value, str) else value
 
 
 def form_for_schema(schema: dict[str, Any]) -> type[SchemaForm]:

@@ -196,6 +196,12 @@ def _notify_from_renderer(changes: list[InboxChange]) -> None:
         close_old_connections()
 
 
+def on_discussed(sender: Any, *, run_id: int, **kwargs: Any) -> None:
+    """The engine's discussed signal: pages showing the run (and its interrupts) fetch their
+    thread again."""
+    _send_to([run_group(run_id)], {"event": "comment", "run_id": run_id})
+
+
 def on_run_changed(
     sender: Any, *, team_id: int, run_id: int, status: str, finished: bool, **kwargs: Any
 ) -> None:

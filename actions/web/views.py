@@ -158,21 +158,22 @@ def _decision_context(request: AuthenticatedRequest, interrupt: Interrupt, **ext
         "answer_form": (form := answer_form(interrupt) if can_decide else None),
         # A typed answer (the action's answer model) is entered, not approved with one key.
         "answer_typed": form is not None and not isinstance(form, ApprovalForm),
-        # An agent's tool call may be approved with its arguments edited.
-        "edit_form": edit_form(interrupt) if can_decide and not may_not_approve else None,
         "reject_form": RejectForm(prefix="reject") if can_decide else None,
     }
+    if "edit_form" not in extra:
+        # An agent's tool call may be approved with its arguments edited.
+        context["edit_form"] = edit_form(interrupt) if can_decide and not may_not_approve else None
     context.update(extra)
     return context
 
 
 def edit_form(interrupt: Interrupt, data: Any = None) -> SchemaForm | None:
     """The form that edits the arguments of the tool call ``interrupt`` holds, prefilled with
-    what the model proposed: None when its call cannot be edited (not an agent's, or N-of-M)."""
+    what the model proposed: None when its call cannot be edited (engine.proposed_arguments)."""
     act = registry.find(interrupt.action)
-    if act is None or interrupt.approvals_required > 1:
+    if act is None:
         return None
-    proposed = engine.proposed_arguments(interrupt)
+    proposed = engine.proposed_arguments(interrupt, interrupt.run)
     if not isinstance(proposed, dict):
         return None
     return form_for_schema(act.input_schema())(data, initial=proposed, prefix="edit")
@@ -285,13 +286,19 @@ def _decide(
 def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     interrupt = _get_interrupt_for_user(request.user, pk)
     form = answer_form(interrupt, request.POST)
-    # The tool call's arguments, as the reviewer left them in the edit form (when it was shown).
-    edited = edit_form(interrupt, request.POST) if request.POST.get("edit") == "1" else None
+    # The tool call's arguments, as the reviewer edited them (when they ticked "run the call
+    # with these arguments").
+    wants_edit = request.POST.get("edit") == "1"
+    edited = edit_form(interrupt, request.POST) if wants_edit else None
+    if wants_edit and edited is None:
+        return _render_decision(
+            request, interrupt, status=422, error="Not approved: this call's arguments cannot be edited."
+        )
     if edited is not None and not edited.is_valid():
         return _render_decision(
             request, interrupt, status=422, answer_form=form, edit_form=edited, open_edit=True
         )
-    arguments = edited.payload() if edited is not None else None
+    arguments = edited.edited_arguments() if edited is not None else None
     shown: dict[str, Any] = {"answer_form": form}
     if edited is not None:
         shown.update(edit_form=edited, open_edit=True)

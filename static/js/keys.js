@@ -104,6 +104,15 @@
       focused: !!(row && row.contains(document.activeElement)),
     };
   });
+  // A comment posted: the discussion comes back with an empty form, and the focus goes back to
+  // it, so the next words typed are text, not keys (an "a" would approve).
+  document.addEventListener("htmx:afterSwap", function (evt) {
+    var target = evt.detail.target;
+    if (!target || !target.id || target.id.indexOf("comments-") !== 0) { return; }
+    var box = document.getElementById(target.id);
+    var field = box ? box.querySelector("textarea") : null;
+    if (field) { field.focus(); }
+  });
   document.addEventListener("htmx:afterSwap", function (evt) {
     if (!kept || !document.getElementById("inbox")) { return; }
     var was = kept;
@@ -120,6 +129,15 @@
     void evt;
   });
 
+  // Editing a tool call's arguments ticks "run the call with these arguments": an approval
+  // without a tick runs the call as the model proposed it, whatever the fields hold.
+  document.addEventListener("input", function (evt) {
+    var area = evt.target && evt.target.closest ? evt.target.closest("details.edit-call") : null;
+    if (!area || evt.target.name === "edit") { return; }
+    var tick = area.querySelector("input[name=edit]");
+    if (tick) { tick.checked = true; }
+  });
+
   // One approval's page.
   function approveForm() { return document.querySelector("form.approve-form"); }
   function readyToApprove(submit) {
@@ -132,7 +150,10 @@
     }
     var button = form.querySelector("button.approve");
     if (!button) { return false; }
-    if (submit) { button.click(); } else { button.focus(); }
+    // One key approves only where there is one thing to approve; a run's page with several
+    // paused calls goes to the first one's button instead (Enter then approves it).
+    var only = document.querySelectorAll("form.approve-form").length === 1;
+    if (submit && only) { button.click(); } else { button.focus(); }
     return true;
   }
   function readyToReject() {

@@ -227,6 +227,10 @@ def test_a_comment_appears_live_for_a_colleague_viewing_it_and_keeps_what_they_t
     mine.locator(".comment-form button").click()
     expect(mine.locator(f"#comment-list-{interrupt_id}")).to_contain_text("is 1 EUR right for TALK-1?")
     expect(box).to_have_value("")  # the form comes back empty
+    expect(box).to_be_focused()  # so the next words typed are text: an "a" approves nothing
+    mine.keyboard.type("and also")
+    expect(box).to_have_value("and also")
+    assert run_of(server, site.token, interrupt_id)["status"] == "interrupted"
     # Their page shows it without a reload, and what they were typing is still there.
     expect(theirs.locator(f"#comment-list-{interrupt_id}")).to_contain_text("is 1 EUR right for TALK-1?")
     expect(their_box).to_have_value("half a thought")
