@@ -520,3 +520,20 @@ def test_a_cancelled_runs_message_says_so_and_a_missing_channel_is_not_retried(
     assert (
         failed.delivery_attempts.get().error == "not sent: Slack said channel_not_found, which no retry mends"
     )
+
+
+def test_a_comment_that_mentions_someone_sends_them_a_slack_direct_message_too(
+    team: Team, people: dict[str, User], slack: SlackServer
+) -> None:
+    interrupt = start(team)
+    told()
+    slack.add_user("U2", "reviewer2@example.com")
+    engine.comment(interrupt, "@reviewer2 is <this> the *right* amount?\nsee INV-7", people["reviewer"])
+    told()
+    (direct,) = [m for m in slack.called("chat.postMessage") if m.get("channel") == "U2"]
+    assert direct["text"] == (
+        f"reviewer1 mentioned you on <http://testserver/interrupts/{interrupt.pk}/"
+        "|Approve sending the invoice?>:\n"
+        "> @reviewer2 is &lt;this&gt; the *right* amount?\n> see INV-7"
+    )
+    assert not any(m.get("channel") == "U1" for m in slack.called("chat.postMessage")), "nobody else"

@@ -132,6 +132,15 @@ def test_a_mention_mails_the_member_named_and_nobody_else(
     assert "<strong>reviewer1</strong> wrote:" in html
     assert Comment.objects.get().mentions == ["reviewer2"]
 
+    # A broadcast is not a mention: more than ten people named is refused, nothing kept.
+    for n in range(11):
+        User.objects.create_user(f"member{n}").teams.add(team)
+    everyone = " ".join(f"@member{n}" for n in range(11))
+    with pytest.raises(engine.InvalidInput) as refused:
+        engine.comment(it, everyone, reviewer)
+    assert refused.value.errors[0]["msg"] == "Mention at most 10 people in one comment (this one names 11)."
+    assert Comment.objects.count() == 1
+
     mail.outbox.clear()
     engine.comment(it, "no one named here; mail is for reviewer2@example.com", reviewer)
     notify.dispatch()

@@ -15,6 +15,8 @@ from actions.engine.journal import atomic, discussed, log
 from actions.models import Comment, Interrupt, RunEvent, Team
 
 MENTION = re.compile(r"(?<![\w@.])@([\w.+-]+)")
+# More people than this in one comment is a broadcast, not a mention.
+MAX_MENTIONS = 10
 
 
 def may_comment(user: AbstractBaseUser | AnonymousUser, interrupt: Interrupt) -> bool:
@@ -54,6 +56,9 @@ def comment(interrupt: Interrupt, body: str, by: AbstractBaseUser) -> Comment:
         raise NotAllowed(f"Only members of {interrupt.team} can discuss this.")
     author_pk = int(by.pk)
     mentions = mentioned(text, interrupt, author_pk)
+    if len(mentions) > MAX_MENTIONS:
+        msg = f"Mention at most {MAX_MENTIONS} people in one comment (this one names {len(mentions)})."
+        raise InvalidInput("the comment mentions too many people", [{"loc": ["body"], "msg": msg}])
     with atomic():
         made = Comment.objects.create(
             interrupt=interrupt,

@@ -198,8 +198,9 @@ def _to_people(it: Interrupt, kind: str, body: dict[str, Any], notify: Any) -> N
 
 
 def _to_mentioned(it: Interrupt, event: RunEvent, body: dict[str, Any], notify: Any) -> None:
-    """A comment's @mentions: a mail to each member named (a mention is personal: whatever the
-    team routes, as long as the person has mail on), in a digest if they chose one."""
+    """A comment's @mentions: to each member named, a mail (a mention is personal: whatever the
+    team routes, as long as the person has mail on; in a digest if they chose one) and, where
+    Slack is set up, a direct message."""
     from django.contrib.auth import get_user_model
 
     names = [str(name) for name in (event.detail.get("mentions") or [])]
@@ -211,6 +212,8 @@ def _to_mentioned(it: Interrupt, event: RunEvent, body: dict[str, Any], notify: 
         .order_by("pk")
     )
     for user in users:
+        if settings.SLACK_BOT_TOKEN:
+            notify(Notification.Channel.SLACK, f"d{user.pk}", body, recipient=user)
         prefs = _preferences(user)
         if not prefs.email or not user.email:
             continue

@@ -159,6 +159,8 @@ def send(notification: Notification) -> int:
             _ask(notification, interrupt)
         elif notification.type == "interrupt.expiring":
             _remind(interrupt)
+        elif notification.type == "interrupt.commented":
+            _mention(notification, interrupt)
         else:
             _update(interrupt)
     except SlackApiError as exc:
@@ -183,6 +185,18 @@ def _ask(notification: Notification, interrupt: Interrupt) -> None:
     SlackMessage.objects.get_or_create(
         interrupt=interrupt, channel=str(posted["channel"]), defaults={"ts": str(posted["ts"])}
     )
+
+
+def _mention(notification: Notification, interrupt: Interrupt) -> None:
+    """A comment that names the recipient: a direct message with the comment and a link."""
+    if notification.recipient is None:
+        raise DeliveryFailed("a mention is told to someone")
+    data = notification.payload.get("data", {})
+    said = data.get("comment") or {}
+    link = f"<{data.get('url', '')}|{escape(interrupt.message)}>"
+    quoted = "\n".join(f"> {escape(line)}" for line in str(said.get("body", "")).splitlines())
+    text = f"{escape(said.get('by') or 'Someone')} mentioned you on {link}:\n{quoted}"
+    client().chat_postMessage(channel=slack_user_of(notification.recipient), text=text)
 
 
 def _pending_ask(interrupt: Interrupt) -> bool:

@@ -67,7 +67,30 @@ def pages_to_check(server: Server, token: str) -> list[str]:
     start_invoice(server, token, "A11Y-2")
     with server.client(token) as api:
         run_id = next(it["run_id"] for it in api.get("/api/interrupts").json() if it["id"] == interrupt_id)
+        # An agent's paused tool call: its page has the form that edits the call.
+        agent_run = api.post(
+            "/api/agents/runs",
+            json={
+                "messages": [{"role": "user", "content": "bill"}],
+                "tools": ["send_invoice"],
+                "model": {
+                    "scripted": [
+                        {
+                            "tool_calls": [
+                                {
+                                    "id": "a",
+                                    "name": "send_invoice",
+                                    "arguments": {"invoice_id": "A11Y-3", "amount": 3},
+                                }
+                            ]
+                        }
+                    ]
+                },
+            },
+            headers={"Prefer": "wait=20"},
+        ).json()
     return [
+        f"/interrupts/{agent_run['interrupt']['id']}/",
         "/",
         f"/interrupts/{interrupt_id}/",
         f"/runs/{run_id}/",
@@ -86,27 +109,33 @@ def test_every_page_passes_axe_in_both_colour_schemes_on_desktop_and_phone(
     server = site.serve()
     urls = pages_to_check(server, site.token)
     problems: dict[str, Any] = {}
+
+    def check(page: Page, where: str, viewport: ViewportSize) -> None:
+        if found := violations(page):
+            problems[where] = found
+        if viewport is PHONE and (extra_px := sideways(page)):
+            problems[where + " scrolls sideways"] = f"{extra_px} px"
+
     for viewport in (DESKTOP, PHONE):
         # Signed out: the login page.
         anonymous = browser.new_context(
             base_url=server.url, color_scheme=scheme, viewport=viewport, bypass_csp=True
         ).new_page()
         anonymous.goto("/login/")
-        if found := violations(anonymous):
-            problems[f"/login/ {viewport['width']}px {scheme}"] = found
-        if viewport is PHONE and (extra_px := sideways(anonymous)):
-            problems[f"/login/ {scheme} scrolls sideways"] = f"{extra_px} px"
+        check(anonymous, f"/login/ {viewport['width']}px {scheme}", viewport)
         anonymous.context.close()
         for username, extra in (("reviewer1", urls), ("auditor", ["/history/"])):
             page = signed_in(browser, server, username, scheme, viewport)
             for url in extra:
                 page.goto(url)
                 page.wait_for_load_state("networkidle")
-                where = f"{url} {viewport['width']}px {scheme}"
-                if found := violations(page):
-                    problems[where] = found
-                if viewport is PHONE and (extra_px := sideways(page)):
-                    problems[where + " scrolls sideways"] = f"{extra_px} px"
+                check(page, f"{url} {viewport['width']}px {scheme}", viewport)
+            if username == "reviewer1":
+                # A bulk decision's result, of one of its own.
+                page.goto(f"/bulk/?verb=approve&ids={start_invoice(server, site.token, 'A11Y-B')}")
+                page.locator("form.bulk-confirm button.approve").click()
+                expect(page.locator("h1")).to_have_text("Approved 1 of 1")
+                check(page, f"bulk result {viewport['width']}px {scheme}", viewport)
             page.context.close()
     assert not problems, json.dumps(problems, indent=1)
 

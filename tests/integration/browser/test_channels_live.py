@@ -13,6 +13,7 @@ import pytest
 from playwright.sync_api import Browser, expect
 
 from tests.integration.browser.conftest import start_invoice, wait_live
+from tests.integration.browser.test_accessibility import violations
 from tests.integration.processes import Server, Site, free_port, wait_for
 from tests.slack_server import SIGNING_SECRET, TOKEN, SlackServer, button, signed
 from tests.smtp_server import Mailbox, html_of, text_of
@@ -86,9 +87,11 @@ def test_a_reviewer_decides_from_the_mail_link_without_signing_in(
     assert httpx.get(link).status_code == 200 and httpx.head(link).status_code == 200
     assert run_status(server, site.token, run_id) == "interrupted"
 
-    page = browser.new_context().new_page()
+    # bypass_csp: for axe (the test's own script) on the page; the page's policy allows none.
+    page = browser.new_context(bypass_csp=True).new_page()
     page.goto(link)
     expect(page.locator("h1")).to_have_text("Approve sending the invoice?")
+    assert violations(page) == []  # serious or critical, as on every other page
     expect(page.get_by_text("Deciding as reviewer1")).to_be_visible()
     page.fill("#id_answer-comment", "from my phone")
     page.click("button.approve")
