@@ -161,3 +161,11 @@ def test_a_new_approval_is_announced_to_screen_readers(site: Site, browser: Brow
     assert region.get_attribute("aria-live") == "polite"
     start_invoice(server, site.token, "SR-1")
     expect(region).to_have_text("New approval: Approve sending the invoice? 1 waiting.")
+
+
+def test_each_rows_checkbox_is_named_by_its_approval(site: Site, browser: Browser) -> None:
+    server = site.serve()
+    interrupt_id = start_invoice(server, site.token, "NAME-1")
+    page = signed_in(browser, server, "reviewer1", "light", DESKTOP)
+    box = page.get_by_role("checkbox", name="Select Approve sending the invoice?")
+    expect(box).to_have_attribute("value", str(interrupt_id))
