@@ -173,6 +173,9 @@ def test_approve_and_next_walks_the_inbox_and_says_when_it_is_done(site: Site, b
 def test_a_bulk_approval_racing_a_colleague_decides_each_once_and_names_who_won(
     site: Site, browser: Browser
 ) -> None:
+    """The colleague approves one while the preview is open, before the confirm: the bulk loop
+    then meets a decided interrupt. Two deciders at the same instant are the engine's conditional
+    UPDATE (tests/test_engine.py, on SQLite and PostgreSQL); each bulk decision goes through it."""
     server = site.serve()
     page = reviewer_in(browser, server.url, ZONE)
     ids = [start_invoice(server, site.token, f"BULK-{n}") for n in (1, 2, 3)]
