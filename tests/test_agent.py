@@ -136,26 +136,30 @@ def test_bad_tool_calls_become_error_results(team: Team) -> None:
     assert tools[1].startswith("error: invalid input: invoice_id: Field required")
 
 
+def billing_agent_via_api(client: Client) -> dict[str, Any]:
+    """An agent started through the API: its one tool call (send_invoice, id t1) pauses, and
+    once it is answered the model says "billed"."""
+    body = {
+        "messages": [{"role": "user", "content": "bill them"}],
+        "tools": ["send_invoice"],
+        "model": {
+            "scripted": [
+                {"tool_calls": [call("t1", "send_invoice", invoice_id="I", amount=1)]},
+                {"content": "billed"},
+            ]
+        },
+    }
+    started: dict[str, Any] = client.post(
+        "/api/agents/runs", json.dumps(body), content_type="application/json"
+    ).json()
+    return started
+
+
 def test_the_agent_api_starts_a_run_and_answers_through_the_interrupt_endpoints(
     team: Team, token_key: str
 ) -> None:
     client = Client(headers={"Authorization": f"Bearer {token_key}", "Prefer": "wait=5"})
-    started = client.post(
-        "/api/agents/runs",
-        json.dumps(
-            {
-                "messages": [{"role": "user", "content": "bill them"}],
-                "tools": ["send_invoice"],
-                "model": {
-                    "scripted": [
-                        {"tool_calls": [call("t1", "send_invoice", invoice_id="I", amount=1)]},
-                        {"content": "billed"},
-                    ]
-                },
-            }
-        ),
-        content_type="application/json",
-    ).json()
+    started = billing_agent_via_api(client)
     assert started["status"] == "interrupted" and started["interrupt"]["tool_call_id"] == "t1"
     done = client.post(
         started["interrupt"]["resume_url"].removeprefix("http://testserver"),
@@ -518,22 +522,7 @@ def test_only_a_calls_first_pause_can_be_edited(team: Team, reviewer: User) -> N
 
 def test_the_api_approves_a_call_with_edited_arguments(team: Team, token_key: str) -> None:
     client = Client(headers={"Authorization": f"Bearer {token_key}", "Prefer": "wait=5"})
-    started = client.post(
-        "/api/agents/runs",
-        json.dumps(
-            {
-                "messages": [{"role": "user", "content": "bill them"}],
-                "tools": ["send_invoice"],
-                "model": {
-                    "scripted": [
-                        {"tool_calls": [call("t1", "send_invoice", invoice_id="I", amount=1)]},
-                        {"content": "billed"},
-                    ]
-                },
-            }
-        ),
-        content_type="application/json",
-    ).json()
+    started = billing_agent_via_api(client)
     url = started["interrupt"]["resume_url"].removeprefix("http://testserver")
     refused = client.post(url, json.dumps({"arguments": {"amount": 2}}), content_type="application/json")
     assert refused.status_code == 422 and "invoice_id" in refused.content.decode()
