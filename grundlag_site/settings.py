@@ -211,6 +211,8 @@ if _database["ENGINE"] == "django.db.backends.sqlite3":
     # holds this many pages. SQLite's default, 1,000 (4 MB), made every 25th run step pay for
     # one; 8,000 (32 MB of disk) makes checkpoints rarer, each copying the same hot pages once.
     wal_pages = envint("SQLITE_WAL_AUTOCHECKPOINT", "8000", minimum=100)
+    # Django's backend, whose writers take turns promptly (grundlag_site/db/sqlite3/base.py).
+    _database["ENGINE"] = "grundlag_site.db.sqlite3"
     _database["OPTIONS"] = {
         "transaction_mode": "IMMEDIATE",
         "timeout": envint("SQLITE_TIMEOUT", "20", minimum=1),

@@ -1,0 +1,191 @@
+"""The SQLite backend's writers (grundlag_site.db.sqlite3): the threads of a process take turns
+on a lock of their own, another process's write lock is waited for by retrying, and every way a
+transaction ends lets the next one in. Each test has a database file of its own."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import OperationalError
+
+from grundlag_site.db.sqlite3 import base
+
+
+def wrapper(path: Path, timeout: float = 5) -> base.DatabaseWrapper:
+    """A connection as settings.DATABASES makes it for SQLite, on ``path``."""
+    return base.DatabaseWrapper(
+        {
+            "ENGINE": "grundlag_site.db.sqlite3",
+            "NAME": str(path),
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": timeout,
+                "init_command": "PRAGMA journal_mode=WAL;",
+            },
+            "TIME_ZONE": None,
+            "CONN_MAX_AGE": 0,
+            "CONN_HEALTH_CHECKS": False,
+            "AUTOCOMMIT": True,
+            "ATOMIC_REQUESTS": False,
+            "USER": "",
+            "PASSWORD": "",
+            "HOST": "",
+            "PORT": "",
+            "TEST": {},
+        }
+    )
+
+
+@contextmanager
+def transaction(connection: base.DatabaseWrapper) -> Iterator[Any]:
+    """What transaction.atomic does for an outermost block, on this connection."""
+    connection.set_autocommit(False, force_begin_transaction_with_broken_autocommit=True)
+    try:
+        with connection.cursor() as cursor:
+            yield cursor
+    except BaseException:
+        connection.rollback()
+        raise
+    else:
+        connection.commit()
+    finally:
+        connection.set_autocommit(True)
+
+
+@pytest.fixture
+def database(tmp_path: Path, django_db_blocker: Any) -> Iterator[Path]:
+    """A database file of the test's own, which its connections may use (not the site's)."""
+    django_db_blocker.unblock()
+    path = tmp_path / "writers.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE log (who TEXT, at REAL)")
+    try:
+        yield path
+    finally:
+        django_db_blocker.restore()
+    assert not base._writer.locked(), "a test left the process's write lock taken"
+
+
+def in_thread(work: Any) -> threading.Thread:
+    thread = threading.Thread(target=work)
+    thread.start()
+    return thread
+
+
+def test_threads_write_in_turn_each_after_the_last_commits(database: Path) -> None:
+    holding, done = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def first() -> None:
+        connection = wrapper(database)
+        with transaction(connection) as cursor:
+            cursor.execute("INSERT INTO log VALUES ('first', 0)")
+            holding.set()
+            time.sleep(0.2)
+            order.append("first commits")
+        connection.close()
+
+    def second() -> None:
+        assert holding.wait(10)
+        connection = wrapper(database)
+        with transaction(connection) as cursor:
+            order.append("second begins")
+            cursor.execute("INSERT INTO log VALUES ('second', 0)")
+        connection.close()
+        done.set()
+
+    threads = [in_thread(first), in_thread(second)]
+    for thread in threads:
+        thread.join(10)
+    assert done.is_set()
+    assert order == ["first commits", "second begins"]
+    with sqlite3.connect(database) as db:
+        assert [who for (who,) in db.execute("SELECT who FROM log ORDER BY rowid")] == ["first", "second"]
+
+
+@pytest.mark.parametrize("ending", ["rollback", "error", "close"])
+def test_every_way_a_transaction_ends_lets_the_next_writer_in(database: Path, ending: str) -> None:
+    connection = wrapper(database)
+    if ending == "close":
+        connection.set_autocommit(False, force_begin_transaction_with_broken_autocommit=True)
+        connection.cursor().execute("INSERT INTO log VALUES ('gone', 0)")
+        connection.close()
+    else:
+        with pytest.raises((RuntimeError, OperationalError)), transaction(connection) as cursor:
+            cursor.execute("INSERT INTO log VALUES ('undone', 0)")
+            if ending == "rollback":
+                raise RuntimeError("the block gave up")
+            cursor.execute("INSERT INTO nowhere VALUES (1)")  # the database refuses it
+        connection.close()
+    assert not base._writer.locked()
+    written = threading.Event()
+
+    def next_writer() -> None:
+        other = wrapper(database, timeout=2)
+        with transaction(other) as cursor:
+            cursor.execute("INSERT INTO log VALUES ('next', 0)")
+        other.close()
+        written.set()
+
+    in_thread(next_writer).join(10)
+    assert written.is_set()
+    with sqlite3.connect(database) as db:
+        assert [who for (who,) in db.execute("SELECT who FROM log")] == ["next"]
+
+
+def test_another_process_holding_the_lock_is_waited_for_then_given_up_on(database: Path) -> None:
+    # Another connection stands for another process: SQLite's lock is per connection.
+    other = sqlite3.connect(database, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    released_at: list[float] = []
+
+    def release_later() -> None:
+        time.sleep(0.3)
+        released_at.append(time.monotonic())
+        other.execute("COMMIT")
+
+    releaser = in_thread(release_later)
+    connection = wrapper(database, timeout=5)
+    with transaction(connection) as cursor:
+        begun_at = time.monotonic()
+        cursor.execute("INSERT INTO log VALUES ('after', 0)")
+    releaser.join()
+    assert begun_at >= released_at[0], "it began once the other process let go, not before"
+    # What the retrying set aside is back: writes outside a transaction still wait in SQLite.
+    assert connection.cursor().execute("PRAGMA busy_timeout").fetchone() == (5000,)
+    connection.close()
+
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        impatient = wrapper(database, timeout=0.3)
+        started = time.monotonic()
+        with pytest.raises(OperationalError, match="locked"), transaction(impatient):
+            pass
+        assert time.monotonic() - started >= 0.3
+        assert not base._writer.locked(), "giving up let go of the process's lock too"
+        impatient.close()
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+
+
+def test_a_process_that_yields_leaves_the_database_alone_as_long_as_it_held_it(
+    database: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(base, "_polite", False)
+    base.yield_to_others()
+    connection = wrapper(database)
+    with transaction(connection) as cursor:
+        cursor.execute("INSERT INTO log VALUES ('polite', 0)")
+        time.sleep(0.15)
+        held_until = time.monotonic()
+    assert time.monotonic() - held_until >= 0.14, "the commit returned only after as long again"
+    connection.close()
