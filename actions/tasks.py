@@ -47,6 +47,14 @@ def apply_policies() -> int:
     return engine.apply_policies()
 
 
+@shared_task(name="actions.tasks.dispatch")
+def dispatch_events(run_ids: list[int] | None = None) -> int:
+    """Fan out those runs' new events (None: every recent event not yet told)."""
+    from actions import notify
+
+    return notify.dispatch(run_ids)
+
+
 @shared_task(name="actions.tasks.deliver_notification")
 def deliver_notification(notification_id: int) -> None:
     from actions import notify
@@ -59,5 +67,5 @@ def notify_round() -> int:
     """The periodic round: fan out what no commit's dispatch did, send what is due."""
     from actions import notify
 
-    notify.dispatch()
+    notify.dispatch_missed()
     return notify.deliver_due()

@@ -54,9 +54,9 @@ def served_site(
     log_dir: Path, database_url: str, *, scaled: bool, workers: int = 1, **env: str
 ) -> Iterator[tuple[Any, Any, str]]:
     """The app on ``database_url``, migrated and seeded (the demo team and its API token), served
-    as deployed: embedded (``manage.py serve``), or scaled (Redis, one daphne, and ``workers``
-    Celery worker processes). Yields (site, server, token); prints the processes' logs if the
-    benchmark fails, and stops everything it started."""
+    as deployed: embedded (``manage.py serve``), or scaled (Redis, one daphne, ``workers`` Celery
+    worker processes for the steps and one for notifications). Yields (site, server, token);
+    prints the processes' logs if the benchmark fails, and stops everything it started."""
     from tests.integration.processes import Site, base_env
     from tests.integration.services import Redis
 
@@ -74,8 +74,10 @@ def served_site(
             server = site.serve()
         else:
             server = site.daphne()
+            # As deploy/Procfile runs them: workers for the steps, one for notifications.
             for n in range(workers):
-                site.worker(f"bench{n}", concurrency=4)
+                site.worker(f"bench{n}", concurrency=4, queues="celery")
+            site.worker("notify", concurrency=4, queues="notify", nice=10)
         yield site, server, token
     except BaseException:
         print(site.logs()[-6000:])

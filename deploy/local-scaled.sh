@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The scaled topology on one machine: PostgreSQL and Redis from Debian's packages, two daphne
-# processes, two Celery workers and Celery beat, all configured by environment variables only.
+# processes, two Celery workers for the steps, one for notifications and Celery beat, all
+# configured by environment variables only.
 # Ctrl-C (or SIGTERM) stops everything. Needs: apt-get install postgresql redis-server
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,9 +52,11 @@ for port in $WEB_PORTS; do
   echo "web: http://127.0.0.1:$port/"
 done
 for name in worker1 worker2; do
-  "$BIN/celery" -A grundlag_site worker --hostname "$name@%h" --loglevel INFO &
+  "$BIN/celery" -A grundlag_site worker -Q celery --hostname "$name@%h" --loglevel INFO &
   pids+=($!)
 done
+nice -n 10 "$BIN/celery" -A grundlag_site worker -Q notify --hostname "notify@%h" --loglevel INFO &
+pids+=($!)
 "$BIN/celery" -A grundlag_site beat --loglevel INFO --schedule "$STATE/celerybeat-schedule" &
 pids+=($!)
 wait -n "${pids[@]}"

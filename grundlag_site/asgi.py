@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -24,3 +25,9 @@ application = ProtocolTypeRouter(
 
 # On PostgreSQL, listen for the runs' changes from the start (`Prefer: wait` wakes on them).
 waiting.listen()
+
+# What is loaded by now lives as long as the process: out of the collector's sight, so that a
+# full collection walks what requests left behind, not the whole app again (50 to 70 ms each
+# time, every request and step of the process stopped meanwhile).
+gc.collect()
+gc.freeze()

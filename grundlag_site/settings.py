@@ -283,6 +283,17 @@ CELERY_WORKER_CONCURRENCY = envint("WORKER_CONCURRENCY", "4", minimum=1)
 # heartbeat and the worker's metrics (actions.metrics) live in the process that runs them.
 CELERY_WORKER_POOL = "threads"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Two queues: "celery" for the runs' steps and the sweeps, "notify" for fanning out and
+# delivering notifications. A worker started without -Q takes both; at scale, give "notify"
+# workers of their own (`-Q notify`), so that a big team's mails never hold up a step
+# (deploy/Procfile).
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_TASK_QUEUES: dict[str, dict[str, Any]] = {"celery": {}, "notify": {}}
+CELERY_TASK_ROUTES = {
+    "actions.tasks.dispatch": {"queue": "notify"},
+    "actions.tasks.deliver_notification": {"queue": "notify"},
+    "actions.tasks.notify": {"queue": "notify"},
+}
 # Longer than the longest step: Redis redelivers an unacknowledged message after this.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envint("STEP_VISIBILITY_TIMEOUT", "3600")}
 CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", "false")

@@ -23,7 +23,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from actions.models import DeliveryAttempt, Notification, Webhook
-from actions.notify import email, slack, webhook
+from actions.notify import email, process, slack, webhook
 from actions.notify.base import DeliveryFailed, NotSent, still_for
 
 logger = logging.getLogger(__name__)
@@ -53,9 +53,10 @@ def retry_delay(attempts: int) -> timedelta:
 
 def _claim(notification_id: int) -> Notification | None:
     now = timezone.now()
-    claimed = Notification.objects.filter(
-        pk=notification_id, outcome=Outcome.PENDING, next_attempt_at__lte=now
-    ).update(next_attempt_at=now + send_lease(), attempts=F("attempts") + 1)
+    with transaction.atomic():
+        claimed = Notification.objects.filter(
+            pk=notification_id, outcome=Outcome.PENDING, next_attempt_at__lte=now
+        ).update(next_attempt_at=now + send_lease(), attempts=F("attempts") + 1)
     if not claimed:
         return None  # delivered, given up, not due, or being sent
     return Notification.objects.select_related("webhook", "recipient", "event__interrupt").get(
@@ -192,6 +193,11 @@ def deliver_in(pool: Executor | None) -> None:
     _pool = pool
 
 
+def delivers_here() -> bool:
+    """Whether this process delivers (the embedded notifier's threads), not Celery's workers."""
+    return _pool is not None
+
+
 def _eager() -> bool:
     from grundlag_site.celery import app
 
@@ -199,6 +205,9 @@ def _eager() -> bool:
 
 
 def schedule(notification_id: int) -> None:
+    if (notifier := process.current) is not None:
+        notifier.deliver(notification_id)
+        return
     if (pool := _pool) is not None:
         with contextlib.suppress(RuntimeError):  # stopping: it stays pending; the next start sends it
             pool.submit(_deliver_here, notification_id)
@@ -219,6 +228,11 @@ def _deliver_here(notification_id: int) -> None:
         logger.exception("notification %s: delivery failed; the periodic round retries", notification_id)
     finally:
         close_old_connections()
+
+
+def finish_background() -> None:
+    """Wait for the work handed to run_in_background (a process that stops)."""
+    _background.shutdown(wait=True)
 
 
 def run_in_background(work: Callable[[], None]) -> None:

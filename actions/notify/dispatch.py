@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
 import threading
+from collections.abc import Collection
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import IntegrityError, close_old_connections, transaction
+from django.db import DatabaseError, IntegrityError, close_old_connections, transaction
 from django.utils import timezone
 
 from actions.models import (
@@ -87,7 +87,7 @@ def run_data(run: Run) -> dict[str, Any]:
 
 
 def fan_out(event: RunEvent) -> list[Notification]:
-    """The event's notifications (in the caller's transaction, with its Fanout row)."""
+    """The event's notifications, not yet saved (the caller saves them with its Fanout row)."""
     kind = event_type(event)
     if kind is None:
         return []
@@ -132,8 +132,7 @@ def fan_out(event: RunEvent) -> list[Notification]:
         cancelled = Interrupt.objects.filter(run_id=event.run_id, status=Interrupt.Status.CANCELLED)
         for interrupt_id in sorted(i.pk for i in cancelled if _asked_in_slack(i)):
             notify(Notification.Channel.SLACK, f"s{interrupt_id}", {**body, "slack_interrupt": interrupt_id})
-    # One insert for a big team's notifications, not one each.
-    return Notification.objects.bulk_create(made)
+    return made
 
 
 def _asked_in_slack(it: Interrupt) -> bool:
@@ -260,61 +259,137 @@ def _digest_slot() -> Any:
     return now + timedelta(seconds=period - now.timestamp() % period)
 
 
-def dispatch() -> int:
+def dispatch(runs: Collection[int] | None = None, *, after_id: int = 0) -> int:
     """Fan out the recent events not yet fanned out, oldest first; how many notifications were
-    made. Safe to run anywhere at once: each event is taken by one (its Fanout row)."""
+    made. ``runs``: only those runs' events (what a commit asked for: found by the runs'
+    index, however long the log); ``after_id``: only events after it. Safe to run anywhere at
+    once: each event is taken by one (its Fanout row)."""
     from actions.notify.delivery import schedule
 
     made = 0
-    events = (
-        RunEvent.objects.filter(at__gte=timezone.now() - LOOKBACK, kind__in=list(TYPES), fanout__isnull=True)
-        .only("id", "run_id", "interrupt_id", "kind", "detail", "at")
-        .order_by("id")[:BATCH]
+    events = RunEvent.objects.filter(
+        at__gte=timezone.now() - LOOKBACK, kind__in=list(TYPES), fanout__isnull=True
     )
-    for event in list(events):
+    if runs is not None:
+        events = events.filter(run_id__in=sorted(runs))
+    if after_id:
+        events = events.filter(pk__gt=after_id)
+    for event in list(
+        events.only("id", "run_id", "interrupt_id", "kind", "detail", "at").order_by("id")[:BATCH]
+    ):
+        # Worked out before the transaction, which then only writes: on SQLite a transaction
+        # holds the database's one write lock from its start, and a run's step would wait
+        # for the reads and the rendering of a big team's notifications.
         try:
-            with transaction.atomic():
-                Fanout.objects.create(event=event)
-                notifications = fan_out(event)
-                for notification in notifications:
-                    transaction.on_commit(functools.partial(schedule, notification.pk))
-        except IntegrityError:
-            continue  # another dispatcher took it
+            notifications = fan_out(event)
+        except DatabaseError:
+            raise  # the database went away: this round stops, and the next one tells it
         except Exception:
             # One event that cannot be told (its interrupt deleted meanwhile, a bug) must not
             # hold up every later one: it is marked told, and the log says why.
             logger.exception("event %s: its notifications could not be made; skipped", event.pk)
-            with contextlib.suppress(IntegrityError), transaction.atomic():
+            notifications = []
+        try:
+            with transaction.atomic():
                 Fanout.objects.create(event=event)
-            continue
+                # One insert for a big team's notifications, not one each.
+                for notification in Notification.objects.bulk_create(notifications):
+                    transaction.on_commit(functools.partial(schedule, notification.pk))
+        except IntegrityError:
+            continue  # another dispatcher took it
         made += len(notifications)
     return made
 
 
+class MissedEvents:
+    """The periodic round's reach: every event of the last day that no commit's dispatch told
+    (its process died first, or a signal was lost). Once a round finds no backlog, the events
+    older than SETTLED are behind it for good: a later round starts after them, so its query
+    costs what the last minutes logged, not the whole day."""
+
+    SETTLED = timedelta(seconds=60)  # far longer than any transaction that logs an event
+
+    def __init__(self) -> None:
+        self.after_id = 0
+        self.lock = threading.Lock()
+
+    def __call__(self) -> int:
+        with self.lock:
+            began = timezone.now()
+            before = RunEvent.objects.filter(at__lt=began - self.SETTLED, pk__gt=self.after_id)
+            settled = before.order_by("-at", "-id").values_list("pk", flat=True).first()
+            made = dispatch(after_id=self.after_id)
+            backlog = RunEvent.objects.filter(
+                at__gte=began - LOOKBACK, kind__in=list(TYPES), fanout__isnull=True, pk__gt=self.after_id
+            )
+            if settled is not None and not backlog.filter(pk__lte=settled).exists():
+                self.after_id = settled
+            return made
+
+
+dispatch_missed = MissedEvents()
+
+
 # After a commit that logged something worth telling, the dispatcher runs soon, once however
-# many commits asked for it meanwhile.
+# many commits asked for it meanwhile, for the runs they changed.
 _soon = threading.Lock()
 _wanted = threading.Event()
+_wanted_runs: set[int] = set()
+_wanted_lock = threading.Lock()
+EVERY_RUN = -1  # in _wanted_runs: a change that names no run (deadlines): every recent event
 
 
-def dispatch_soon(sender: Any = None, **kwargs: Any) -> None:
-    """The engine's run_changed and team_changed signals (after commit)."""
+def dispatch_soon(
+    sender: Any = None,
+    *,
+    changes: Any = (),
+    runs: Collection[int] = (),
+    run_id: int | None = None,
+    **kwargs: Any,
+) -> None:
+    """The engine's team_changed signal (after commit), and what else asks for a dispatch:
+    the runs it names (``changes``', ``runs`` or ``run_id``), or, naming none, every recent
+    event. In the embedded server, its notifier process does it."""
+    from actions.notify import process
     from actions.notify.delivery import run_in_background
 
+    wanted = {change.run_id for change in changes} | set(runs) | ({run_id} if run_id is not None else set())
+    if (notifier := process.current) is not None:
+        notifier.wake(wanted or None)
+        return
+    with _wanted_lock:
+        _wanted_runs.update(wanted or {EVERY_RUN})
     _wanted.set()
     run_in_background(_dispatch_wanted)
 
 
-def on_discussed(sender: Any = None, *, mentions: list[str], **kwargs: Any) -> None:
+def on_discussed(sender: Any = None, *, run_id: int, mentions: list[str], **kwargs: Any) -> None:
     """The engine's discussed signal: a comment that names someone is told soon."""
     if mentions:
-        dispatch_soon()
+        dispatch_soon(run_id=run_id)
 
 
-def on_run_changed(sender: Any = None, *, finished: bool = False, **kwargs: Any) -> None:
+def on_run_changed(sender: Any = None, *, run_id: int, finished: bool = False, **kwargs: Any) -> None:
     """The engine's run_changed signal: a run that finished is told (run.finished)."""
     if finished:
-        dispatch_soon()
+        dispatch_soon(run_id=run_id)
+
+
+def runs_here() -> bool:
+    """Whether this process fans events out itself: the embedded notifier does; in the scaled
+    setup the workers do (the `notify` queue), not the web process that committed the change."""
+    from actions.notify import delivery
+
+    return delivery.delivers_here()
+
+
+def _send(runs: list[int] | None) -> None:
+    from actions.tasks import dispatch_events
+
+    try:
+        dispatch_events.apply_async((runs,))
+    except Exception:
+        logger.warning("the broker refused a dispatch; the periodic round tells it", exc_info=True)
 
 
 def _dispatch_wanted() -> None:
@@ -324,7 +399,14 @@ def _dispatch_wanted() -> None:
         try:
             while _wanted.is_set():
                 _wanted.clear()
-                dispatch()
+                with _wanted_lock:
+                    runs = set(_wanted_runs)
+                    _wanted_runs.clear()
+                wanted = None if EVERY_RUN in runs else sorted(runs)
+                if runs_here():
+                    dispatch(wanted)
+                else:
+                    _send(wanted)
         except Exception:
             logger.exception("dispatching notifications failed; the periodic round retries")
         finally:

@@ -118,9 +118,14 @@ class Site:
         wait_for_port(port, proc)
         return Server(proc, port)
 
-    def worker(self, name: str = "w1", concurrency: int = 2) -> subprocess.Popen[bytes]:
+    def worker(
+        self, name: str = "w1", concurrency: int = 2, queues: str = "", nice: int = 0
+    ) -> subprocess.Popen[bytes]:
+        """A Celery worker; ``queues`` (-Q): "celery" for steps, "notify" for notifications,
+        both when not given; ``nice``: as deploy/Procfile runs the notifications' worker."""
         proc = self.spawn(
             f"worker-{name}",
+            *(["nice", "-n", str(nice)] if nice else []),
             sys.executable,
             "-m",
             "celery",
@@ -137,6 +142,7 @@ class Site:
             "INFO",
             "--without-mingle",
             "--without-gossip",
+            *(["--queues", queues] if queues else []),
         )
         return proc
 

@@ -5,10 +5,12 @@ in the embedded setup and the scaled one (the delivery in a Celery worker)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,6 +72,63 @@ def test_a_webhook_hears_of_a_run_through_a_celery_worker(scaled_site: Site, rec
     web = scaled_site.daphne()
     scaled_site.worker("w1")
     a_run_is_told(web, scaled_site.token, receiver)
+
+
+def test_notifications_go_through_workers_of_their_own_queue(scaled_site: Site, receiver: Receiver) -> None:
+    """As deploy/Procfile runs it: a worker for the steps (-Q celery), another, niced, for the
+    notifications (-Q notify). The steps' worker never fans out or delivers."""
+    scaled_site.env["GRUNDLAG_WEBHOOK_ALLOW_PRIVATE"] = "true"
+    web = scaled_site.daphne()
+    scaled_site.worker("steps", queues="celery")
+    scaled_site.worker("notify", queues="notify", nice=10)
+    a_run_is_told(web, scaled_site.token, receiver)
+    steps_log = (scaled_site.log_dir / "worker-steps.log").read_text()
+    notify_log = (scaled_site.log_dir / "worker-notify.log").read_text()
+    assert "actions.tasks.run_step" in steps_log
+    for task in ("actions.tasks.dispatch", "actions.tasks.deliver_notification"):
+        assert f"Task {task}[" in notify_log, task
+        assert f"Task {task}[" not in steps_log, task
+
+
+def notifier_of(server: Server) -> int:
+    """The pid of the embedded server's notifier process (its one child)."""
+
+    def child() -> int | None:
+        # Each thread's children: the server's feeding thread starts a notifier again.
+        tasks = Path(f"/proc/{server.proc.pid}/task").glob("*/children")
+        pids = [int(pid) for task in tasks for pid in task.read_text().split() if alive(int(pid))]
+        return pids[0] if len(pids) == 1 else None
+
+    return int(wait_for(child, timeout=20, what="the notifier process"))
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_the_embedded_notifier_is_started_again_when_it_dies(site: Site, receiver: Receiver) -> None:
+    site.env.update(GRUNDLAG_WEBHOOK_ALLOW_PRIVATE="true", GRUNDLAG_SWEEP_SECONDS="1")
+    server = site.serve()
+    first = notifier_of(server)
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: not alive(first), timeout=10, what="the notifier to die")
+    # Its successor is started by the server's next periodic round, or by the first thing to
+    # tell: either way the run is told, whatever was lost with the first.
+    a_run_is_told(server, site.token, receiver)
+    assert notifier_of(server) != first
+    log = next(site.log_dir.glob("serve-*.log")).read_text()
+    assert "the notifier exited" in log
+
+
+def test_the_notifier_goes_with_its_server(site: Site) -> None:
+    server = site.serve()
+    notifier = notifier_of(server)
+    stop(server.proc, signal.SIGKILL)
+    wait_for(lambda: not alive(notifier), timeout=20, what="the notifier to end with its server")
 
 
 def test_a_webhook_whose_worker_was_killed_mid_send_is_delivered_by_another(

@@ -16,6 +16,7 @@ from django.db import close_old_connections
 
 from actions import engine, notify
 from actions.engine import steps
+from actions.notify import process
 
 logger = logging.getLogger("actions")
 
@@ -37,13 +38,14 @@ class Command(BaseCommand):
         from grundlag_site.asgi import application
 
         stop = threading.Event()
-        pool = notify_pool = None
+        pool = notifier = None
         if settings.CELERY_BROKER_URL.startswith("memory://"):
             pool = ThreadPoolExecutor(settings.CELERY_WORKER_CONCURRENCY, thread_name_prefix="grundlag-step")
             steps.run_steps_in(pool)
-            # Notifications get threads of their own: a slow endpoint must not hold up a step.
-            notify_pool = ThreadPoolExecutor(4, thread_name_prefix="grundlag-notify")
-            notify.deliver_in(notify_pool)
+            # Notifications are fanned out and sent by a process of their own (on another
+            # core): a big team's mails must not hold up a step, nor a slow endpoint.
+            notifier = process.current = process.Notifier()
+            notifier.start()
             # This process is the only worker, so a step left running was left by a process
             # that died: re-queue it now instead of waiting for its lease to run out.
             recovered = engine.sweep(all_unfinished=True)
@@ -66,9 +68,9 @@ class Command(BaseCommand):
                 # Running steps finish; steps not started, or queued from now on, stay queued in
                 # the database, and the next start runs them (sweep(all_unfinished=True)).
                 pool.shutdown(wait=True, cancel_futures=True)
-            if notify_pool is not None:
-                notify.deliver_in(None)
-                notify_pool.shutdown(wait=False, cancel_futures=True)
+            if notifier is not None:
+                process.current = None
+                notifier.stop()
 
 
 def sweep_periodically(stop: threading.Event) -> None:
@@ -93,8 +95,11 @@ def run_periodic_tick(*, sweep: bool, policies: bool = True) -> None:
             engine.apply_policies()
         if sweep:
             engine.sweep()
-            notify.dispatch()
-            notify.deliver_due()
+            if (notifier := process.current) is not None:
+                notifier.ping()  # started again, should it have died; it does its own rounds
+            else:
+                notify.dispatch_missed()
+                notify.deliver_due()
     except Exception:
         logger.exception("periodic engine work failed")
     finally:

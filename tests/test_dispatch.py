@@ -1,0 +1,148 @@
+"""Fanning out: what a commit's dispatch looks at, what the periodic round does, and the
+embedded server's notifier process (fed through a pipe, started again when it dies)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test import Client
+from django.utils import timezone
+
+from actions import engine, notify
+from actions.models import Fanout, Run, RunEvent, Team, Webhook
+from actions.notify.process import Notifier
+from tests.integration.processes import wait_for
+from tests.test_webhooks import registered
+from tests.webhook_receiver import Receiver
+
+dispatch = importlib.import_module("actions.notify.dispatch")  # the module, not the function
+
+
+@pytest.fixture
+def receiver(settings: Any) -> Iterator[Receiver]:
+    settings.GRUNDLAG_WEBHOOK_ALLOW_PRIVATE = True  # it listens on 127.0.0.1
+    receiver = Receiver()
+    yield receiver
+    receiver.stop()
+
+
+def told_runs(receiver: Receiver, secret: str) -> list[int]:
+    return [body["data"]["run_id"] for body in receiver.verified(secret)]
+
+
+def a_run(team: Team, by: User, invoice: str) -> Run:
+    return engine.start_run("send_invoice", {"invoice_id": invoice, "amount": 5.0}, team, by)
+
+
+def settle(run: Run) -> None:
+    """The run's events as if logged five minutes ago (in SQL: the log is append-only for the
+    application, not for a test that moves time)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE actions_runevent SET at = %s WHERE run_id = %s",
+            [timezone.now() - timedelta(minutes=5), run.pk],
+        )
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("steps")
+def test_a_commits_dispatch_tells_the_runs_it_names_and_the_round_tells_the_rest(
+    client: Client, token_key: str, team: Team, reviewer: User, receiver: Receiver
+) -> None:
+    secret = registered(client, token_key, receiver.url, ["interrupt.created"])["secret"]
+    first, second = a_run(team, reviewer, "D-1"), a_run(team, reviewer, "D-2")
+    assert notify.dispatch([first.pk]) == 1
+    assert told_runs(receiver, secret) == [first.pk], "only the run the commit named"
+    assert notify.dispatch([first.pk]) == 0, "told once"
+    assert dispatch.MissedEvents()() == 1, "the periodic round finds what no dispatch told"
+    assert sorted(told_runs(receiver, secret)) == sorted([first.pk, second.pk])
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("steps")
+def test_the_periodic_round_starts_after_the_events_it_has_settled(
+    client: Client,
+    token_key: str,
+    team: Team,
+    reviewer: User,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hook = registered(client, token_key, receiver.url, ["interrupt.created"])
+    secret = hook["secret"]
+    # Registered before the events it is to hear of.
+    Webhook.objects.filter(pk=hook["id"]).update(created_at=timezone.now() - timedelta(minutes=10))
+    missed = dispatch.MissedEvents()
+    old, older = a_run(team, reviewer, "S-1"), a_run(team, reviewer, "S-2")
+    settle(old)
+    settle(older)
+    monkeypatch.setattr(dispatch, "BATCH", 1)  # a backlog: one event per round
+    assert missed() == 1
+    untold = RunEvent.objects.filter(fanout__isnull=True, kind="interrupted").get()
+    assert missed.after_id < untold.pk, "not past an event it has not told"
+    assert missed() == 1
+    last = RunEvent.objects.order_by("-at", "-id").filter(at__lt=timezone.now() - missed.SETTLED).first()
+    assert last is not None and missed.after_id == last.pk, "past everything settled once all is told"
+    assert sorted(told_runs(receiver, secret)) == sorted([old.pk, older.pk])
+
+    # Behind the round for good: an event it had told, made untold again, is not looked at
+    # again by the round (a whole-log dispatch still would).
+    Fanout.objects.filter(event=untold).delete()
+    assert missed() == 0
+    fresh = a_run(team, reviewer, "S-3")
+    assert missed() == 1, "what is newer than the settled events is looked at"
+    assert told_runs(receiver, secret)[-1] == fresh.pk
+
+
+# The embedded server's notifier process: its parent's end, with a stand-in child that writes
+# down the lines it reads (the real one is tested through `manage.py serve`:
+# tests/integration/test_notify.py).
+
+ECHO = """
+import sys
+with open(sys.argv[1], "a", buffering=1) as out:
+    out.write(f"started {__import__('os').getpid()}\\n")
+    for line in sys.stdin:
+        out.write(line)
+"""
+
+
+def lines_in(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_the_notifier_gets_each_line_and_is_started_again_when_it_dies(tmp_path: Path) -> None:
+    written = tmp_path / "lines"
+    notifier = Notifier([sys.executable, "-c", ECHO, str(written)])
+    notifier.start()
+    try:
+        notifier.wake([7, 3])
+        notifier.wake(None)
+        notifier.deliver(12)
+        wait_for(lambda: len(lines_in(written)) >= 4, timeout=10, what="the lines")
+        first_pid = notifier.pid
+        assert lines_in(written) == [f"started {first_pid}", "runs 3 7", "all", "deliver 12"]
+
+        assert first_pid is not None
+        os.kill(first_pid, signal.SIGKILL)
+        wait_for(lambda: notifier._proc is not None and notifier._proc.poll() is not None, timeout=10)
+        notifier.ping()  # what the server's periodic round sends: the dead one is replaced
+        notifier.deliver(13)
+        wait_for(lambda: "deliver 13" in lines_in(written), timeout=10, what="the line after the restart")
+        assert notifier.pid != first_pid
+        # The line that found it dead is not sent again: the new one's first round looks at
+        # everything (dispatch_missed, deliver_due), that line's work with it.
+        assert lines_in(written)[-2:] == [f"started {notifier.pid}", "deliver 13"]
+    finally:
+        notifier.stop(timeout=5)
+    assert notifier._proc is not None and notifier._proc.returncode == 0, "it ends when its pipe closes"
