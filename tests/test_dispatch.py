@@ -45,12 +45,12 @@ def a_run(team: Team, by: User, invoice: str) -> Run:
 
 
 def settle(run: Run) -> None:
-    """The run's events as if logged five minutes ago (in SQL: the log is append-only for the
+    """The run's events as if logged ten minutes ago (in SQL: the log is append-only for the
     application, not for a test that moves time)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE actions_runevent SET at = %s WHERE run_id = %s",
-            [timezone.now() - timedelta(minutes=5), run.pk],
+            [timezone.now() - timedelta(minutes=10), run.pk],
         )
 
 
@@ -81,7 +81,7 @@ def test_the_periodic_round_starts_after_the_events_it_has_settled(
     hook = registered(client, token_key, receiver.url, ["interrupt.created"])
     secret = hook["secret"]
     # Registered before the events it is to hear of.
-    Webhook.objects.filter(pk=hook["id"]).update(created_at=timezone.now() - timedelta(minutes=10))
+    Webhook.objects.filter(pk=hook["id"]).update(created_at=timezone.now() - timedelta(minutes=20))
     missed = dispatch.MissedEvents()
     old, older = a_run(team, reviewer, "S-1"), a_run(team, reviewer, "S-2")
     settle(old)

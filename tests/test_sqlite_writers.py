@@ -185,7 +185,29 @@ def test_a_process_that_yields_leaves_the_database_alone_as_long_as_it_held_it(
     connection = wrapper(database)
     with transaction(connection) as cursor:
         cursor.execute("INSERT INTO log VALUES ('polite', 0)")
-        time.sleep(0.15)
+        time.sleep(0.03)
         held_until = time.monotonic()
-    assert time.monotonic() - held_until >= 0.14, "the commit returned only after as long again"
+    assert time.monotonic() - held_until >= 0.025, "the commit returned only after as long again"
     connection.close()
+
+
+def test_a_process_that_yields_and_could_not_begin_does_not_wait_to_make_up_for_it(
+    database: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A BEGIN that gave up held nothing: the next writer of the process is let in at once (it
+    once slept for as long as the machine had been up, holding the process's lock)."""
+    monkeypatch.setattr(base, "_polite", False)
+    base.yield_to_others()
+    other = sqlite3.connect(database, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        connection = wrapper(database, timeout=0.2)
+        started = time.monotonic()
+        with pytest.raises(OperationalError), transaction(connection):
+            pass
+        assert time.monotonic() - started < 5
+        assert not base._writer.locked()
+        connection.close()
+    finally:
+        other.execute("ROLLBACK")
+        other.close()

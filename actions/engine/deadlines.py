@@ -142,6 +142,7 @@ def remind(now: datetime) -> int:
         status=Interrupt.Status.PENDING, expires_at__gt=now, expires_at__lte=now + lead, reminded_at=None
     ).only("id", "run_id", "created_at", "expires_at")
     count = 0
+    reminded_runs: set[int] = set()
     for interrupt in near:
         assert interrupt.expires_at is not None
         if interrupt.expires_at - now > (interrupt.expires_at - interrupt.created_at) / 2:
@@ -158,9 +159,10 @@ def remind(now: datetime) -> int:
                     interrupt,
                     expires_at=interrupt.expires_at.isoformat(),
                 )
+                reminded_runs.add(interrupt.run_id)
                 count += 1
     if count:
         from actions.notify import dispatch_soon
 
-        dispatch_soon()
+        dispatch_soon(runs=reminded_runs)
     return count

@@ -102,7 +102,10 @@ def renew_leases() -> int:
         )
     if not held:
         return 0
-    renewed = store.renew_leases(held, lease_from(timezone.now()))
+    # A transaction, so that on SQLite it takes its turn with the other writers (a write on its
+    # own would wait in SQLite's busy handler, losing every race to them).
+    with transaction.atomic():
+        renewed = store.renew_leases(held, lease_from(timezone.now()))
     if renewed < len(held):
         logger.warning(
             "%s of %s running steps lost their lease (re-queued by the sweeper after a stall);"

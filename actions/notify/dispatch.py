@@ -12,7 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import DatabaseError, IntegrityError, close_old_connections, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, close_old_connections, transaction
 from django.utils import timezone
 
 from actions.models import (
@@ -280,9 +280,11 @@ def dispatch(runs: Collection[int] | None = None, *, after_id: int = 0) -> int:
         # Worked out before the transaction, which then only writes: on SQLite a transaction
         # holds the database's one write lock from its start, and a run's step would wait
         # for the reads and the rendering of a big team's notifications.
+        if Fanout.objects.filter(event=event).exists():
+            continue  # told meanwhile by another dispatcher: not worked out twice
         try:
             notifications = fan_out(event)
-        except DatabaseError:
+        except (OperationalError, InterfaceError):
             raise  # the database went away: this round stops, and the next one tells it
         except Exception:
             # One event that cannot be told (its interrupt deleted meanwhile, a bug) must not
@@ -304,18 +306,24 @@ def dispatch(runs: Collection[int] | None = None, *, after_id: int = 0) -> int:
 class MissedEvents:
     """The periodic round's reach: every event of the last day that no commit's dispatch told
     (its process died first, or a signal was lost). Once a round finds no backlog, the events
-    older than SETTLED are behind it for good: a later round starts after them, so its query
-    costs what the last minutes logged, not the whole day."""
+    older than SETTLED are behind it: the next rounds start after them, so their query costs
+    what the last minutes logged, not the whole day. Every LOOK_AGAIN the round looks at the
+    whole day again: should an event have been committed later than SETTLED after it was
+    logged (a clock apart, a transaction held open), it is told then."""
 
-    SETTLED = timedelta(seconds=60)  # far longer than any transaction that logs an event
+    SETTLED = timedelta(minutes=5)  # far longer than any transaction that logs an event
+    LOOK_AGAIN = timedelta(minutes=15)
 
     def __init__(self) -> None:
         self.after_id = 0
+        self.since_whole_day = timezone.now()
         self.lock = threading.Lock()
 
     def __call__(self) -> int:
         with self.lock:
             began = timezone.now()
+            if began - self.since_whole_day >= self.LOOK_AGAIN:
+                self.after_id, self.since_whole_day = 0, began
             before = RunEvent.objects.filter(at__lt=began - self.SETTLED, pk__gt=self.after_id)
             settled = before.order_by("-at", "-id").values_list("pk", flat=True).first()
             made = dispatch(after_id=self.after_id)

@@ -13,6 +13,7 @@ does every GRUNDLAG_SWEEP_SECONDS. The scaled setup has no notifier: Celery's wo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import subprocess
@@ -29,6 +30,7 @@ logger = logging.getLogger(__name__)
 current: Notifier | None = None
 
 RESTART_DELAYS = (0.5, 1, 2, 5, 10, 30)
+STABLE_SECONDS = 60  # a notifier that lived this long and died is started again at once
 
 
 class Notifier:
@@ -42,6 +44,8 @@ class Notifier:
         self._proc: subprocess.Popen[bytes] | None = None
         self._thread = threading.Thread(target=self._feed, name="grundlag-notifier-feed", daemon=True)
         self._restarts = 0
+        self._started_at = 0.0
+        self._stopping = False
 
     def start(self) -> None:
         self._spawn()
@@ -60,6 +64,7 @@ class Notifier:
 
     def stop(self, timeout: float = 10) -> None:
         """Close its pipe: it finishes the deliveries under way and exits."""
+        self._stopping = True  # one that died meanwhile is not started again
         self._lines.put(None)
         self._thread.join(timeout)
         if (proc := self._proc) is not None:
@@ -75,16 +80,26 @@ class Notifier:
         return self._proc.pid if self._proc is not None else None
 
     def _spawn(self) -> None:
-        self._proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, cwd=settings.BASE_DIR)
+        # A process group of its own: Ctrl-C in a terminal stops the server, which then closes
+        # the pipe; the notifier is never cut off mid-send by the same keystroke.
+        self._proc = subprocess.Popen(
+            self.command, stdin=subprocess.PIPE, cwd=settings.BASE_DIR, process_group=0
+        )
+        self._started_at = time.monotonic()
 
     def _feed(self) -> None:
         while True:
             line = self._lines.get()
             if line is None:
                 if (proc := self._proc) is not None and proc.stdin is not None:
-                    proc.stdin.close()
+                    with contextlib.suppress(OSError):
+                        proc.stdin.close()
                 return
-            self._write(line)
+            try:
+                self._write(line)
+            except Exception:  # it cannot be started (no memory, no processes left): later
+                logger.exception("the notifier could not be started; trying again with the next line")
+                time.sleep(RESTART_DELAYS[-1])
 
     def _write(self, line: str) -> None:
         proc = self._proc
@@ -92,13 +107,16 @@ class Notifier:
             try:
                 proc.stdin.write(line.encode() + b"\n")
                 proc.stdin.flush()
-                self._restarts = 0
                 return
             except (BrokenPipeError, OSError):
                 pass
+        if self._stopping:
+            return
         # It died. Its successor's first round looks at everything, this line's work with it.
         if proc is not None:
             proc.wait()  # reaped: no zombie left behind
+        if time.monotonic() - self._started_at > STABLE_SECONDS:
+            self._restarts = 0  # it had lived a while: not a crash loop
         delay = RESTART_DELAYS[min(self._restarts, len(RESTART_DELAYS) - 1)]
         self._restarts += 1
         logger.error(

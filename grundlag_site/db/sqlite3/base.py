@@ -16,6 +16,7 @@ held it well under one. Instead:
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
@@ -27,6 +28,7 @@ from django.db.backends.sqlite3 import base
 _writer = threading.Lock()
 
 _polite = False
+MAX_YIELD_SECONDS = 0.05
 
 
 def yield_to_others() -> None:
@@ -45,11 +47,11 @@ class DatabaseWrapper(base.DatabaseWrapper):
             if not _writer.acquire(timeout=timeout):
                 raise OperationalError("database is locked (another thread of this process kept writing)")
             self._holds_writer = True
+        self._began = time.monotonic()
         try:
             self._begin()
-            self._began = time.monotonic()
         except BaseException:
-            self._release_writer()
+            self._release_writer(yielding=False)  # it held nothing: nothing to make up for
             raise
 
     def _begin(self) -> None:
@@ -58,8 +60,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
         a step colliding with the notifier's short writes a few times lost 30 ms)."""
         timeout = float(self.settings_dict["OPTIONS"].get("timeout", 5))
         raw = self.connection
-        deadline = time.monotonic() + timeout
-        delay = 0.0001
+        began = time.monotonic()
         raw.execute("PRAGMA busy_timeout = 0")
         try:
             while True:
@@ -67,19 +68,23 @@ class DatabaseWrapper(base.DatabaseWrapper):
                     raw.execute(f"BEGIN {self.transaction_mode or ''}")  # type: ignore[attr-defined]
                     return
                 except sqlite3.OperationalError as exc:
-                    if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                    waited = time.monotonic() - began
+                    if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or waited > timeout:
                         with self.wrap_database_errors:
                             raise
-                time.sleep(delay)
-                delay = min(delay * 2, 0.00025)
+                # Every quarter of a millisecond at first (another process's writes are short),
+                # then every 2 ms: a long wait must not spin.
+                time.sleep(0.00025 if waited < 0.01 else 0.002)
         finally:
-            raw.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+            with contextlib.suppress(sqlite3.Error):  # never in place of what was raised
+                raw.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
 
-    def _release_writer(self) -> None:
+    def _release_writer(self, *, yielding: bool = True) -> None:
         if self._holds_writer:
             self._holds_writer = False
-            if _polite:
-                time.sleep(max(time.monotonic() - self._began, 0.0002))
+            if _polite and yielding:
+                held = time.monotonic() - self._began
+                time.sleep(min(max(held, 0.0002), MAX_YIELD_SECONDS))
             _writer.release()
 
     def _commit(self) -> Any:
