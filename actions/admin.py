@@ -18,6 +18,10 @@ from actions.core import describe_errors, field_errors, registry
 from actions.models import (
     PERSON_EVENTS,
     ApiToken,
+    AuditAnchor,
+    AuditCheck,
+    AuditExport,
+    AuditHead,
     DeliveryAttempt,
     Interrupt,
     Notification,
@@ -199,6 +203,31 @@ class InterruptAdmin(ReadOnlyAdmin):
 class RunEventAdmin(ReadOnlyAdmin):
     list_display = ["at", "run", "kind", "actor_name"]
     list_filter = ["kind"]
+
+
+@admin.register(AuditHead)
+class AuditHeadAdmin(ReadOnlyAdmin):
+    """The chain's heads as published: compare them with the copies held elsewhere."""
+
+    list_display = ["at", "seq", "head"]
+
+
+@admin.register(AuditCheck)
+class AuditCheckAdmin(ReadOnlyAdmin):
+    list_display = ["at", "ok", "events", "seq", "head"]
+    list_filter = ["ok"]
+
+
+@admin.register(AuditExport)
+class AuditExportAdmin(ReadOnlyAdmin):
+    list_display = ["at", "user_name", "what", "format", "filters"]
+    list_filter = ["what", "format"]
+    search_fields = ["user_name"]
+
+
+@admin.register(AuditAnchor)
+class AuditAnchorAdmin(ReadOnlyAdmin):
+    list_display = ["seq", "run_id", "hash", "pruned_at"]
 
 
 @admin.register(Webhook)

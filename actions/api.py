@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
+from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from ninja import NinjaAPI, Schema, Status
@@ -477,6 +478,64 @@ def list_interrupts(
     if status:
         interrupts = interrupts.filter(status=status)
     return [{**transcript_entry(it), "run_id": it.run_id, "action": it.action} for it in interrupts[:limit]]
+
+
+class HistoryItem(Schema):
+    interrupt_id: int
+    run_id: int
+    seq: int
+    team: str
+    action: str
+    consumer: str
+    status: str
+    message: str
+    data: Any
+    answer: Any
+    reason: str
+    requested_by: str
+    decided_by: str
+    decided_via: str = Field(description="dashboard, api, email, slack, bulk, deadline or policy")
+    edited_arguments: Any
+    comments: int
+    created_at: datetime
+    decided_at: datetime | None
+    seconds_to_decision: float | None
+
+
+class HistoryPage(Schema):
+    items: list[HistoryItem]
+    next: str = Field(description="Pass as `after` for the next page; empty on the last")
+
+
+@api.get("/history", response={200: HistoryPage, 403: Error}, tags=["audit"])
+def read_history(
+    request: HttpRequest,
+    q: str = "",
+    status: str = "",
+    action: str = "",
+    decided_by: str = "",
+    run: str = "",
+    since: str = "",
+    until: str = "",
+    team: str = "",
+    after: str = "",
+) -> dict[str, Any]:
+    """The team's decided history, newest first, 50 a page: searched (`q`: every word, in the
+    message, data, answer, reason, comments and the run's input) and filtered as the history
+    page is. Another team's history is refused (403)."""
+    from actions.web import history
+
+    token = token_of(request)
+    params = {
+        "q": q, "status": status, "action": action, "decided_by": decided_by, "run": run,
+        "since": since, "until": until, "team": team,
+    }  # fmt: skip
+    try:
+        interrupts, _ = history.filtered(params, [token.team_id])
+    except history.Refused as exc:
+        raise HttpError(403, str(exc)) from None
+    rows, next_cursor = history.page(interrupts.annotate(comment_count=Count("comments")), after)
+    return {"items": [history.interrupt_record(it) for it in rows], "next": next_cursor}
 
 
 @api.post(

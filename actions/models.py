@@ -255,6 +255,8 @@ class Interrupt(models.Model):
         settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
     )
     decided_by_name = models.CharField(max_length=150, blank=True)
+    # How: dashboard, api, email, slack, bulk, deadline (a policy decided it).
+    decided_via = models.CharField(max_length=20, blank=True)
     decided_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     # Its policy, fixed when it was created (see ApprovalPolicy).
@@ -452,6 +454,11 @@ class RunEvent(models.Model):
     actor_name = models.CharField(max_length=150, blank=True)
     detail = JSONField(default=dict, blank=True)
     at = models.DateTimeField(default=timezone.now)
+    # Tamper evidence (actions.engine.audit): the event's place in the whole log, and its hash
+    # chained to the event before it in the whole log (hash) and in its run (run_hash).
+    seq = models.BigIntegerField(null=True, blank=True, unique=True)
+    hash = models.CharField(max_length=64, blank=True)
+    run_hash = models.CharField(max_length=64, blank=True)
 
     objects = RunEventQuerySet.as_manager()
 
@@ -462,6 +469,8 @@ class RunEvent(models.Model):
             where_set("actor", "runevent_actor"),
             # The dispatcher's scan for recent events not yet fanned out (actions.notify).
             models.Index(fields=["at"], name="runevent_at"),
+            # A run's newest event, whose hash the next one chains to.
+            models.Index(fields=["run", "seq"], name="runevent_run_seq"),
         ]
 
     def __str__(self) -> str:
@@ -474,6 +483,72 @@ class RunEvent(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise TypeError("the event log is append-only")
+
+
+# The audit's own records (actions.engine.audit): the chains' head, what pruning left of the
+# chain, each verification, the heads published, and every export.
+
+GENESIS = "0" * 64
+
+
+class AuditChain(models.Model):
+    """The head of the whole log's chain: one row, which every transaction that logs events
+    locks, moves on and writes, as it ends."""
+
+    seq = models.BigIntegerField(default=0)
+    head = models.CharField(max_length=64, default=GENESIS)
+
+
+class AuditAnchor(models.Model):
+    """An event that prune_runs deleted: its place in the chain and its hash, so the events
+    after it stay verifiable (the archive holds what it said)."""
+
+    seq = models.BigIntegerField(primary_key=True)
+    run_id = models.BigIntegerField()
+    hash = models.CharField(max_length=64)
+    pruned_at = models.DateTimeField(default=timezone.now)
+
+
+class AuditCheck(models.Model):
+    """One verification of the chains (`manage.py verify_audit`, or the daily round)."""
+
+    at = models.DateTimeField(default=timezone.now)
+    ok = models.BooleanField()
+    events = models.BigIntegerField(default=0)
+    seq = models.BigIntegerField(default=0)
+    head = models.CharField(max_length=64, blank=True)
+    problems = JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        get_latest_by = "at"
+
+
+class AuditHead(models.Model):
+    """The chain's head as published (daily: the log, the admin, webhooks): whoever rewrote the
+    log and its hashes would have to rewrite every copy of these too."""
+
+    at = models.DateTimeField(default=timezone.now)
+    seq = models.BigIntegerField()
+    head = models.CharField(max_length=64)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        get_latest_by = "at"
+
+
+class AuditExport(models.Model):
+    """An export of the history: who took what (which filter, which format), when."""
+
+    at = models.DateTimeField(default=timezone.now)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, models.SET_NULL, null=True, related_name="+")
+    user_name = models.CharField(max_length=150)
+    what = models.CharField(max_length=20)  # interrupts, events
+    format = models.CharField(max_length=10)  # csv, jsonl
+    filters = JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
 
 
 # Reaching reviewers and callers outside the dashboard (actions.notify). The run's event log
@@ -491,7 +566,13 @@ def webhook_secret() -> str:
 
 # The event types an endpoint may subscribe to (the API's schema names them).
 WebhookEvent = Literal[
-    "interrupt.created", "interrupt.decided", "interrupt.escalated", "interrupt.expiring", "run.finished"
+    "interrupt.created",
+    "interrupt.decided",
+    "interrupt.escalated",
+    "interrupt.expiring",
+    "run.finished",
+    # The audit chain's head, published daily (actions.engine.audit).
+    "audit.head",
 ]
 
 
@@ -542,7 +623,8 @@ class Notification(models.Model):
         FAILED = "failed"  # gave up: out of attempts, or the endpoint is disabled
         SKIPPED = "skipped"  # no longer for its recipient (left the team, mail off): not sent
 
-    event = models.ForeignKey(RunEvent, models.CASCADE, related_name="notifications")
+    # None: an event of the audit itself (audit.head), which no run logged.
+    event = models.ForeignKey(RunEvent, models.CASCADE, null=True, related_name="notifications")
     type = models.CharField(max_length=40)  # interrupt.created, ...
     channel = models.CharField(max_length=10, choices=Channel.choices)
     webhook = models.ForeignKey(Webhook, models.CASCADE, null=True, blank=True, related_name="notifications")

@@ -67,5 +67,18 @@ def notify_round() -> int:
     """The periodic round: fan out what no commit's dispatch did, send what is due."""
     from actions import notify
 
-    notify.dispatch_missed()
-    return notify.deliver_due()
+    try:
+        notify.dispatch_missed()
+    finally:
+        # Retries and digests go out even when fanning out failed (the exception is still
+        # raised, for the worker's log).
+        sent = notify.deliver_due()
+    return sent
+
+
+@shared_task(name="actions.tasks.audit_daily")
+def audit_daily() -> None:
+    """Publish the audit chain's head, and verify the chains, once a day (beat asks hourly)."""
+    from actions.engine import audit
+
+    audit.daily()

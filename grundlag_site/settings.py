@@ -315,10 +315,26 @@ GRUNDLAG_SWEEP_SECONDS = envfloat("GRUNDLAG_SWEEP_SECONDS", "3", minimum=0.5)
 # queued step is sent again at most once per grace: where a backlog longer than this is normal,
 # raise it, or the broker carries a duplicate per waiting step every grace.
 GRUNDLAG_QUEUED_GRACE_SECONDS = envint("GRUNDLAG_QUEUED_GRACE_SECONDS", "10", minimum=1)
+# Each round expires when the next is due: with no worker taking its queue (a "notify" worker
+# not started yet), rounds do not pile up in the broker to all run at once later.
 CELERY_BEAT_SCHEDULE = {
-    "sweep-stuck-runs": {"task": "actions.tasks.sweep", "schedule": GRUNDLAG_SWEEP_SECONDS},
-    "apply-deadlines-and-escalations": {"task": "actions.tasks.apply_policies", "schedule": 30.0},
-    "notify": {"task": "actions.tasks.notify", "schedule": GRUNDLAG_SWEEP_SECONDS},
+    "sweep-stuck-runs": {
+        "task": "actions.tasks.sweep",
+        "schedule": GRUNDLAG_SWEEP_SECONDS,
+        "options": {"expires": GRUNDLAG_SWEEP_SECONDS},
+    },
+    "apply-deadlines-and-escalations": {
+        "task": "actions.tasks.apply_policies",
+        "schedule": 30.0,
+        "options": {"expires": 30.0},
+    },
+    "notify": {
+        "task": "actions.tasks.notify",
+        "schedule": GRUNDLAG_SWEEP_SECONDS,
+        "options": {"expires": GRUNDLAG_SWEEP_SECONDS},
+    },
+    # Publishes the audit chain's head (and verifies it) when the last was a day ago.
+    "audit-head": {"task": "actions.tasks.audit_daily", "schedule": 3600.0, "options": {"expires": 3600.0}},
 }
 # Notifications (actions.notify). The site's address, for the links in mails, Slack messages
 # and webhook bodies. A webhook endpoint must resolve to public addresses unless allowed.

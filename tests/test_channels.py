@@ -196,7 +196,11 @@ def test_opening_the_link_decides_nothing_and_its_post_decides_as_its_recipient_
     response = client.post(link, {"decision": "approve", "answer-comment": "ok by mail"})
     assert response.status_code == 200 and b"Approved by you" in response.content
     interrupt.refresh_from_db()
-    assert (interrupt.status, interrupt.decided_by) == ("approved", people["reviewer"])
+    assert (interrupt.status, interrupt.decided_by, interrupt.decided_via) == (
+        "approved",
+        people["reviewer"],
+        "email",
+    )
     event = RunEvent.objects.get(interrupt=interrupt, kind="approved")
     assert event.detail["via"] == "email" and event.actor == people["reviewer"]
 
@@ -300,7 +304,11 @@ def test_a_new_approval_is_posted_to_the_teams_channel_and_approved_from_its_but
     slack.add_user("U1", "reviewer1@example.com")
     assert interact(client, button("grundlag_approve", interrupt.pk, "U1")).status_code == 200
     interrupt.refresh_from_db()
-    assert (interrupt.status, interrupt.decided_by) == ("approved", people["reviewer"])
+    assert (interrupt.status, interrupt.decided_by, interrupt.decided_via) == (
+        "approved",
+        people["reviewer"],
+        "slack",
+    )
     assert RunEvent.objects.get(interrupt=interrupt, kind="approved").detail["via"] == "slack"
     told()
     (updated,) = slack.called("chat.update")

@@ -1,4 +1,7 @@
-"""The audit history: staff only, filters, keyset pages, CSV export, decision times, retention."""
+"""The audit history: who sees what (staff everything, members their teams' decided history, on
+the page, the exports and the API), filters and full-text search on both databases, keyset
+pages, complete exports (CSV and JSON Lines, interrupts and events, each recorded), decision
+times, reviewers and deadlines, retention."""
 
 from __future__ import annotations
 
@@ -56,11 +59,33 @@ def bulk_history(team: Team, count: int, **extra: Any) -> list[Interrupt]:
     return Interrupt.objects.bulk_create(interrupts)
 
 
-def test_history_is_for_staff_only(team: Team, reviewer: User) -> None:
+def test_a_member_reads_their_own_teams_decided_history_only(
+    team: Team, other_team: Team, reviewer: User, token_key: str, other_token_key: str
+) -> None:
+    bulk_history(team, 3)
+    bulk_history(other_team, 2, decided_by="payroll1")
+    engine.start_run("send_invoice", {"invoice_id": "PENDING-1", "amount": 1}, team, reviewer)
+    assert Client().get("/history/").status_code == 302, "signed in only"
     client = Client()
     client.force_login(reviewer)
-    assert client.get("/history/").status_code == 302
-    assert client.get("/history/export.csv").status_code == 302
+    page = client.get("/history/")
+    assert page.status_code == 200
+    assert {it.team.slug for it in page.context["rows"]} == {"finance"}
+    assert len(page.context["rows"]) == 3, "decided only: the pending one is the inbox's"
+    assert client.get("/history/", {"team": "payroll"}).status_code == 403
+    for path in ("/history/export.csv", "/history/export.jsonl", "/history/events.csv"):
+        assert client.get(path, {"team": "payroll"}).status_code == 403, path
+    body = b"".join(client.get("/history/export.jsonl").streaming_content).decode()  # type: ignore[attr-defined]
+    assert {json.loads(line)["team"] for line in body.splitlines()} == {"finance"}
+    assert len(body.splitlines()) == 3
+
+    api = {"Authorization": f"Bearer {token_key}"}
+    items = client.get("/api/history", headers=api).json()["items"]
+    assert {item["team"] for item in items} == {"finance"} and len(items) == 3
+    refused = client.get("/api/history", {"team": "payroll"}, headers=api)
+    assert refused.status_code == 403 and "own team" in refused.json()["detail"]
+    other = client.get("/api/history", headers={"Authorization": f"Bearer {other_token_key}"}).json()
+    assert {item["team"] for item in other["items"]} == {"payroll"}
 
 
 def test_history_pages_by_keyset_with_a_fixed_number_of_queries(
@@ -108,7 +133,7 @@ def test_the_csv_export_streams_the_filtered_history(team: Team, other_team: Tea
     bulk_history(team, 30)
     bulk_history(other_team, 2)
     response = staff(auditor).get("/history/export.csv", {"team": "finance"})
-    assert response.streaming and response["Content-Type"] == "text/csv"
+    assert response.streaming and response["Content-Type"] == "text/csv; charset=utf-8"
     body = b"".join(response.streaming_content).decode()  # type: ignore[attr-defined]
     rows = list(csv.reader(io.StringIO(body)))
     assert rows[0][:4] == ["interrupt_id", "run_id", "seq", "team"]
@@ -141,3 +166,136 @@ def test_retention_deletes_old_finished_runs_and_never_pending_ones(team: Team, 
     record = json.loads(archive.read_text())
     assert record["id"] == finished.pk and record["interrupts"][0]["reason"] == "no"
     assert [e["kind"] for e in record["events"]][:3] == ["started", "claimed", "interrupted"]
+
+
+# Search: what was asked and answered, by the database's full-text index, on both databases.
+
+
+@pytest.mark.usefixtures("database", "steps")
+def test_search_finds_what_was_asked_answered_and_said(team: Team, reviewer: User, auditor: User) -> None:
+    asked = engine.start_run("send_invoice", {"invoice_id": "INV-2024-0117", "amount": 12.5}, team, reviewer)
+    (question,) = engine.pending_interrupts(asked.pk)
+    engine.resume(question, {"approved": True, "comment": "Checked with Zoë Müller"}, reviewer)
+    refused = engine.start_run("send_invoice", {"invoice_id": "INV-2024-0999", "amount": 3}, team, reviewer)
+    (other,) = engine.pending_interrupts(refused.pk)
+    engine.reject(other, "duplicate of the October batch", reviewer)
+    # One whose run's input holds what its question does not.
+    quiet = Run.objects.create(
+        action="send_invoice", team=team, status="completed", input={"customer": "Zebulon"}
+    )
+    Interrupt.objects.create(run=quiet, seq=1, team=team, action="send_invoice", message="Approve?", data={})
+
+    client = staff(auditor)
+
+    def found(text: str) -> set[int]:
+        return {it.run_id for it in client.get("/history/", {"q": text}).context["rows"]}
+
+    assert found("INV-2024-0117") == {asked.pk}, "in the data (and the input)"
+    assert found("Müller") == {asked.pk} and found("Zoë") == {asked.pk}, "in the answer"
+    assert found("October") == {refused.pk}, "in the reason"
+    assert found("Zebulon") == {quiet.pk}, "in the run's input"
+    assert found("invoice approve") == {asked.pk, refused.pk}, "every word, in any field"
+    assert found("INV-2024-0117 October") == set(), "every word"
+    assert found('"; DROP TABLE') == set() and found("NEAR( a b )") == set(), (
+        "the user's words, not the syntax"
+    )
+    assert {it.run_id for it in client.get("/history/", {"run": asked.pk}).context["rows"]} == {asked.pk}
+    assert client.get("/history/", {"run": "x1"}).context["rows"] == []
+    assert {it.run_id for it in client.get("/history/", {"decided_by": "reviewer1"}).context["rows"]} == {
+        asked.pk,
+        refused.pk,
+    }
+
+
+@pytest.mark.usefixtures("database", "steps")
+def test_a_comment_is_searchable(team: Team, reviewer: User, auditor: User) -> None:
+    run = engine.start_run("send_invoice", {"invoice_id": "C-1", "amount": 1}, team, reviewer)
+    (it,) = engine.pending_interrupts(run.pk)
+    client = Client()
+    client.force_login(reviewer)
+    assert client.post(
+        f"/interrupts/{it.pk}/comments/", {"body": "the Quokka order is disputed"}
+    ).status_code in (
+        200,
+        302,
+    )
+    engine.reject(it, "no", reviewer)
+    rows = staff(auditor).get("/history/", {"q": "quokka"}).context["rows"]
+    assert [row.pk for row in rows] == [it.pk]
+
+
+# Exports
+
+
+def test_the_exports_hold_every_column_each_run_event_and_say_who_took_them(
+    team: Team, reviewer: User, auditor: User
+) -> None:
+    from actions.models import AuditExport
+
+    run = engine.start_run("send_invoice", {"invoice_id": "=HYPERLINK(1)", "amount": 7}, team, reviewer)
+    (it,) = engine.pending_interrupts(run.pk)
+    engine.resume(it, {"approved": True, "comment": "@SUM(A1)"}, reviewer)
+    client = staff(auditor)
+
+    body = b"".join(client.get("/history/export.csv").streaming_content).decode()  # type: ignore[attr-defined]
+    header, row = list(csv.reader(io.StringIO(body)))
+    assert header == [
+        "interrupt_id", "run_id", "seq", "team", "action", "consumer", "status", "message", "data",
+        "answer", "reason", "requested_by", "decided_by", "decided_via", "edited_arguments",
+        "comments", "created_at", "decided_at", "seconds_to_decision",
+    ]  # fmt: skip
+    record = dict(zip(header, row, strict=True))
+    assert json.loads(record["data"]) == {"invoice_id": "=HYPERLINK(1)", "amount": 7.0}
+    assert json.loads(record["answer"]) == {"approved": True, "comment": "@SUM(A1)"}
+    assert (record["requested_by"], record["decided_by"], record["decided_via"]) == ("reviewer1",) * 2 + (
+        "dashboard",
+    )
+    assert record["comments"] == "0"
+    assert float(record["seconds_to_decision"]) >= 0
+
+    # A cell a spreadsheet would run is text: the JSON ones start with "{", plain ones quoted.
+    hostile = engine.start_run("send_invoice", {"invoice_id": "X", "amount": 1}, team, reviewer)
+    (second,) = engine.pending_interrupts(hostile.pk)
+    engine.reject(second, "=cmd|' /C calc'!A0", reviewer)
+    exported = client.get("/history/export.csv").streaming_content  # type: ignore[attr-defined]
+    rows = list(csv.reader(io.StringIO(b"".join(exported).decode())))
+    assert rows[1][header.index("reason")] == "'=cmd|' /C calc'!A0"
+
+    lines = b"".join(client.get("/history/export.jsonl").streaming_content).decode().splitlines()  # type: ignore[attr-defined]
+    first = json.loads(lines[-1])
+    assert first["answer"] == {"approved": True, "comment": "@SUM(A1)"}, "JSON Lines: values as they are"
+
+    events = b"".join(client.get("/history/events.jsonl", {"run": run.pk}).streaming_content).decode()  # type: ignore[attr-defined]
+    logged = [json.loads(line) for line in events.splitlines()]
+    assert [event["kind"] for event in logged] == list(
+        RunEvent.objects.filter(run=run).order_by("seq").values_list("kind", flat=True)
+    )
+    assert all(len(event["hash"]) == 64 for event in logged)
+    events_csv = b"".join(client.get("/history/events.csv", {"run": run.pk}).streaming_content).decode()  # type: ignore[attr-defined]
+    assert next(csv.reader(io.StringIO(events_csv)))[:3] == ["event_id", "seq", "run_id"]
+    assert client.get("/history/export.xlsx").status_code == 404
+
+    taken = list(
+        AuditExport.objects.order_by("at", "id").values_list("user_name", "what", "format", "filters")
+    )
+    assert taken[0] == ("auditor", "interrupts", "csv", {})
+    assert ("auditor", "events", "jsonl", {"run": str(run.pk)}) in taken
+
+
+def test_reviewer_and_deadline_figures(team: Team, auditor: User) -> None:
+    cache.clear()
+    bulk_history(team, 4)  # reviewer1 approves, 1..4 minutes
+    bulk_history(team, 2, decided_by="reviewer2")
+    Interrupt.objects.filter(decided_by_name="reviewer2").update(status="rejected")
+    now = timezone.now()
+    late = bulk_history(team, 3, decided_by="reviewer2")
+    Interrupt.objects.filter(pk__in=[it.pk for it in late]).update(expires_at=now - timedelta(days=1))
+    Interrupt.objects.filter(pk=late[0].pk).update(escalated_at=now)
+    page = staff(auditor).get("/history/")
+    people = {person.name: person for person in page.context["people"]}
+    assert people["reviewer1"].decisions == 4 and people["reviewer1"].rejected == 0
+    assert people["reviewer2"].decisions == 5 and people["reviewer2"].rejected == pytest.approx(0.4)
+    (row,) = page.context["deadlines"]
+    assert (row.with_deadline, row.breached, row.escalated) == (3, 3, 1)
+    html = page.content.decode()
+    assert 'id="reviewers"' in html and 'id="deadlines"' in html and "40%" in html

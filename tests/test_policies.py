@@ -60,10 +60,11 @@ def test_a_deadline_applies_the_default_answer_recorded_as_the_policy(team: Team
     assert engine.apply_policies(now=later(30)) == 0
     assert engine.apply_policies(now=later(61)) == 1
     interrupt.refresh_from_db()
-    assert (interrupt.status, interrupt.decided_by_name, interrupt.decided_by) == (
+    assert (interrupt.status, interrupt.decided_by_name, interrupt.decided_by, interrupt.decided_via) == (
         "approved",
         "deadline policy",
         None,
+        "deadline",
     )
     run = Run.objects.get(pk=interrupt.run_id)
     assert run.status == "completed" and run.output == {"answer": {"approved": True, "by": "default"}}

@@ -30,7 +30,7 @@ from actions.engine.errors import (
 from actions.engine.journal import atomic, inbox_changed, log, push_run_status
 from actions.engine.policies import may_decide, separation_of_duties, why_not, why_not_cancel
 from actions.engine.steps import answers_of, hand_over, inline, lease_from
-from actions.models import Actor, Approval, Interrupt, Run, RunEvent, actor_name, actor_user
+from actions.models import Actor, ApiToken, Approval, Interrupt, Run, RunEvent, actor_name, actor_user
 
 Status = Run.Status
 
@@ -108,6 +108,7 @@ def decide(
             "reason": reason,
             "decided_by": user,
             "decided_by_name": policy or actor_name(by),
+            "decided_via": decided_via(by, policy=policy, via=via),
             "decided_at": now,
         }
         won = store.decide(
@@ -118,6 +119,7 @@ def decide(
             reason=reason,
             decided_by_id=user.pk if user is not None else None,
             decided_by_name=decision["decided_by_name"],
+            decided_via=decision["decided_via"],
             edited_arguments=edit[1] if edit is not None else None,
         )
         if not won:
@@ -144,6 +146,18 @@ def decide(
         )
         then(run, current)
     return current
+
+
+def decided_via(by: Actor, *, policy: str = "", via: str = "") -> str:
+    """How a decision was made, as the audit lists it: dashboard, api, email, slack, bulk, or
+    deadline (the interrupt's policy decided it when its deadline passed)."""
+    if policy:
+        from actions.engine.deadlines import DEADLINE_POLICY
+
+        return "deadline" if policy == DEADLINE_POLICY else "policy"
+    if via:
+        return via
+    return "api" if isinstance(by, ApiToken) else "dashboard"
 
 
 def agreement_key(action_name: str, answer: Any) -> str:

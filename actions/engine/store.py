@@ -19,6 +19,7 @@ reads this file.
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
@@ -28,13 +29,13 @@ from functools import cache
 from typing import Any, TypeVar
 from weakref import WeakKeyDictionary
 
-from django.db import DEFAULT_DB_ALIAS, connections, models
+from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from django.db.models.base import ModelState
-from django.db.models.expressions import Col
+from django.db.models.expressions import Col, RawSQL
 
-from actions.models import InboxStream, Interrupt, Policy, Run, RunEvent
+from actions.models import GENESIS, AuditChain, InboxStream, Interrupt, Policy, Run, RunEvent
 
 M = TypeVar("M", bound=models.Model)
 
@@ -234,7 +235,7 @@ def _db() -> BaseDatabaseWrapper:
 # table, {Run.status} its status column, quoted for the database in use.
 
 _MODELS: dict[str, type[models.Model]] = {
-    model.__name__: model for model in (Run, Interrupt, RunEvent, Policy, InboxStream)
+    model.__name__: model for model in (Run, Interrupt, RunEvent, Policy, InboxStream, AuditChain)
 }
 
 
@@ -264,18 +265,100 @@ def sql(template: str) -> str:
 
 def insert_events(events: Sequence[Sequence[Any]]) -> None:
     """Append events to run logs in one INSERT; each is (run_id, interrupt_id, kind, actor_id,
-    actor_name, detail, at)."""
+    actor_name, detail, at), written with its place in the audit chain and its hashes
+    (actions.engine.audit), in the caller's transaction or one of its own."""
     if not events:
         return
-    row = "(%s, %s, %s, %s, %s, %s, %s)"
+    from actions.engine import audit
+
+    connection = _db()
+
+    def detail_of(value: Json) -> Any:
+        # The value as the database gives it back: the JSON the column stores (json.dumps, as
+        # JSONField saves it), read again.
+        return json.loads(json.dumps(value.value))
+
+    with nullcontext() if connection.in_atomic_block else transaction.atomic():
+        rows = audit.chained(events, detail_of)
+        row = "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        execute(
+            sql(
+                "INSERT INTO {RunEvent} ({RunEvent.run}, {RunEvent.interrupt}, {RunEvent.kind},"
+                " {RunEvent.actor}, {RunEvent.actor_name}, {RunEvent.detail}, {RunEvent.at},"
+                " {RunEvent.seq}, {RunEvent.hash}, {RunEvent.run_hash}) VALUES "
+            )
+            + ", ".join([row] * len(rows)),
+            [value for event in rows for value in event],
+        )
+
+
+def interrupts_matching(text: str) -> RawSQL | None:
+    """The ids of the interrupts whose search document (message, data, answer, reason,
+    comments, the run's input: kept by triggers, migration 0015) holds every word of ``text``,
+    as a subquery; None when ``text`` has no word to look for."""
+    if _db().vendor == "postgresql":
+        return RawSQL(
+            "SELECT interrupt_id FROM actions_interrupt_search"
+            " WHERE document @@ websearch_to_tsquery('simple', %s)",
+            [text],
+        )
+    words = [word for word in text.replace("\x00", " ").split() if any(ch.isalnum() for ch in word)]
+    if not words:
+        return None
+    # Each word a phrase (quoted): FTS5's own syntax (AND, NEAR, column:) is not the user's.
+    query = " ".join('"' + word.replace('"', '""') + '"' for word in words)
+    return RawSQL(
+        "SELECT rowid FROM actions_interrupt_search WHERE actions_interrupt_search MATCH %s", [query]
+    )
+
+
+def lock_audit_chain() -> tuple[int, str]:
+    """The audit chain's place and head, its row locked until the transaction ends (SQLite's
+    IMMEDIATE transaction holds the whole database already)."""
+    lock = " FOR UPDATE" if _db().features.has_select_for_update else ""
+    with _cursor(_db()) as cursor:
+        cursor.execute(
+            sql("SELECT {AuditChain.seq}, {AuditChain.head} FROM {AuditChain} WHERE {AuditChain.id} = 1")
+            + lock
+        )
+        row = cursor.fetchone()
+        if row is None:
+            cursor.execute(
+                sql(
+                    "INSERT INTO {AuditChain} ({AuditChain.id}, {AuditChain.seq}, {AuditChain.head})"
+                    " VALUES (1, 0, %s)"
+                ),
+                [GENESIS],
+            )
+            return 0, GENESIS
+    return int(row[0]), str(row[1])
+
+
+def move_audit_chain(seq: int, head: str) -> None:
     execute(
         sql(
-            "INSERT INTO {RunEvent} ({RunEvent.run}, {RunEvent.interrupt}, {RunEvent.kind},"
-            " {RunEvent.actor}, {RunEvent.actor_name}, {RunEvent.detail}, {RunEvent.at}) VALUES "
-        )
-        + ", ".join([row] * len(events)),
-        [value for event in events for value in event],
+            "UPDATE {AuditChain} SET {AuditChain.seq} = %s, {AuditChain.head} = %s WHERE {AuditChain.id} = 1"
+        ),
+        [seq, head],
     )
+
+
+def run_chain_heads(run_ids: Sequence[int]) -> dict[int, str]:
+    """Each run's newest run_hash (runs with no event yet are absent)."""
+    if not run_ids:
+        return {}
+    marks = ", ".join(["%s"] * len(run_ids))
+    with _cursor(_db()) as cursor:
+        cursor.execute(
+            sql(
+                "SELECT e.{RunEvent.run}, e.{RunEvent.run_hash} FROM {RunEvent} e JOIN"
+                " (SELECT {RunEvent.run} AS run_id, MAX({RunEvent.seq}) AS seq FROM {RunEvent}"
+                f" WHERE {{RunEvent.run}} IN ({marks}) GROUP BY {{RunEvent.run}}) newest"
+                " ON e.{RunEvent.run} = newest.run_id AND e.{RunEvent.seq} = newest.seq"
+            ),
+            list(run_ids),
+        )
+        return {int(run_id): str(run_hash) for run_id, run_hash in cursor.fetchall()}
 
 
 # What a step needs of its run: it reads nothing else of it.
@@ -381,6 +464,7 @@ def decide(
     reason: str,
     decided_by_id: int | None,
     decided_by_name: str,
+    decided_via: str = "",
     edited_arguments: Any = None,
 ) -> bool:
     """Decide a pending interrupt. Of two reviewers clicking at once, exactly one changes the
@@ -391,7 +475,7 @@ def decide(
                 "UPDATE {Interrupt} SET {Interrupt.status} = %s, {Interrupt.answer} = %s,"
                 " {Interrupt.edited_arguments} = %s,"
                 " {Interrupt.reason} = %s, {Interrupt.decided_by} = %s, {Interrupt.decided_by_name} = %s,"
-                " {Interrupt.decided_at} = %s"
+                " {Interrupt.decided_via} = %s, {Interrupt.decided_at} = %s"
                 " WHERE {Interrupt.id} = %s AND {Interrupt.status} = %s"
             ),
             [
@@ -401,6 +485,7 @@ def decide(
                 reason,
                 decided_by_id,
                 decided_by_name,
+                decided_via,
                 now,
                 interrupt_id,
                 Interrupt.Status.PENDING,

@@ -37,7 +37,7 @@ def still_for(notification: Notification) -> str:
     prefs = Preferences.objects.filter(user=user).first()
     if notification.channel == Notification.Channel.EMAIL and prefs is not None and not prefs.email:
         return "the recipient turned mail off"
-    interrupt = notification.event.interrupt
+    interrupt = notification.event.interrupt if notification.event is not None else None
     if interrupt is None:
         return ""
     if not Team.objects.filter(pk__in=interrupt.team_ids, members=user).exists():

@@ -43,6 +43,7 @@ def subject(payload: dict[str, Any]) -> str:
 def item(notification: Notification) -> dict[str, Any]:
     payload = notification.payload
     data = payload.get("data", {})
+    assert notification.event is not None  # a person's notification is of a run's event
     interrupt_id = notification.event.interrupt_id
     return {
         "subject": subject(payload),

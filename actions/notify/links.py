@@ -57,7 +57,7 @@ def open_link(value: str) -> Opened:
         .filter(pk=notification_id, recipient_id=user_id, channel=Notification.Channel.EMAIL)
         .first()
     )
-    if notification is None or notification.event.interrupt_id != interrupt_id:
+    if notification is None or notification.event is None or notification.event.interrupt_id != interrupt_id:
         raise Invalid
     interrupt = Interrupt.objects.select_related("run", "team", "escalate_to").get(pk=interrupt_id)
     return Opened(notification, interrupt)

@@ -150,7 +150,10 @@ def slack_user_of(user: Any) -> str:
 
 def send(notification: Notification) -> int:
     # A run's end cancels its pending interrupts: their messages are named in the payload.
-    interrupt_id = notification.event.interrupt_id or notification.payload.get("slack_interrupt")
+    event = notification.event
+    interrupt_id = (event.interrupt_id if event is not None else None) or notification.payload.get(
+        "slack_interrupt"
+    )
     if interrupt_id is None:
         raise DeliveryFailed("a Slack notification is about an interrupt")
     interrupt = Interrupt.objects.select_related("team").get(pk=interrupt_id)

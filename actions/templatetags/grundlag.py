@@ -132,3 +132,17 @@ def order_key(value: datetime, pk: int) -> str:
     """A row's place in the inbox (newest first: by creation, then id), as one string that
     sorts as the list does: the page inserts a pushed row by it."""
     return f"{int(value.timestamp() * 1_000_000):020d}-{int(pk):012d}"
+
+
+@register.filter
+def duration(seconds: float) -> str:
+    """Seconds, as people say them: 40 s, 12 min, 3.5 h, 2.1 d."""
+    from actions.web.history import human
+
+    return human(float(seconds))
+
+
+@register.filter
+def percent(share: float) -> str:
+    """A share (0..1) as a whole percentage."""
+    return f"{float(share):.0%}"

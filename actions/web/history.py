@@ -1,10 +1,14 @@
-"""The audit history for staff: every interrupt ever, filtered, paged by keyset, exported as CSV,
-and the time reviewers take to decide."""
+"""The audit history: every interrupt ever for staff, a team's decided ones for its members
+(read-only); filtered and searched (full text, by the database), paged by keyset, exported
+(CSV and JSON Lines: the interrupts, or the event log of their runs, each export recorded),
+with the time reviewers take to decide, per reviewer, and the deadlines missed, and the last
+verification of the event log's hash chains."""
 
 from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import statistics
 from collections import defaultdict
 from collections.abc import Iterator
@@ -12,32 +16,52 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any
 
-from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth.decorators import login_required
 from django.core.cache import cache
-from django.db.models import Q, QuerySet
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db.models import Count, F, Q, QuerySet
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseForbidden,
+    HttpResponseNotFound,
+    StreamingHttpResponse,
+)
+from django.http.response import HttpResponseBase
 from django.shortcuts import render
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
-from actions.models import Interrupt, Run, Team
+from actions.engine import store
+from actions.models import AuditCheck, AuditExport, Interrupt, Run, RunEvent, Team
 
 PAGE_SIZE = 50
 STATS_CACHE_SECONDS = 60
-CSV_COLUMNS = [
-    "interrupt_id", "run_id", "seq", "team", "action", "consumer", "status", "message",
-    "created_at", "decided_by", "decided_at", "reason",
-]  # fmt: skip
+FILTERS = ("team", "action", "consumer", "status", "decided_by", "run", "since", "until", "q")
 
 
-def filtered(params: Any) -> tuple[QuerySet[Interrupt], dict[str, str]]:
-    """The interrupts matching the query parameters, newest first, and the filters applied."""
-    applied = {
-        key: params.get(key, "").strip()
-        for key in ("team", "action", "consumer", "status", "decided_by", "since", "until", "q")
-    }
+class Refused(Exception):
+    """A filter that asks for what the user may not see (another team's history)."""
+
+
+def scope(user: Any) -> list[int] | None:
+    """The teams whose history ``user`` may read: None for staff (all of it)."""
+    if user.is_staff:
+        return None
+    return list(Team.objects.filter(members=user).values_list("pk", flat=True))
+
+
+def filtered(params: Any, teams: list[int] | None = None) -> tuple[QuerySet[Interrupt], dict[str, str]]:
+    """The interrupts matching the query parameters, newest first, and the filters applied.
+    ``teams``: only those teams' decided interrupts (a member's view); None: all (staff).
+    Raises Refused for a team outside ``teams``."""
+    applied = {key: str(params.get(key, "")).strip() for key in FILTERS}
     interrupts = Interrupt.objects.select_related("run", "team").order_by("-created_at", "-id")
+    if teams is not None:
+        interrupts = interrupts.filter(Interrupt.visible_to(teams)).exclude(status=Interrupt.Status.PENDING)
     if applied["team"]:
+        if teams is not None and not Team.objects.filter(pk__in=teams, slug=applied["team"]).exists():
+            raise Refused(f"You may read the history of your own teams only, not of {applied['team']!r}.")
         interrupts = interrupts.filter(team__slug=applied["team"])
     if applied["action"]:
         interrupts = interrupts.filter(action=applied["action"])
@@ -47,6 +71,11 @@ def filtered(params: Any) -> tuple[QuerySet[Interrupt], dict[str, str]]:
         interrupts = interrupts.filter(status=applied["status"])
     if applied["decided_by"]:
         interrupts = interrupts.filter(decided_by_name=applied["decided_by"])
+    run = applied["run"].lstrip("#")
+    if run:
+        interrupts = (
+            interrupts.filter(run_id=int(run)) if run.isdigit() and len(run) < 19 else interrupts.none()
+        )
     since, until = _date(applied["since"]), _date(applied["until"])
     # A date that is not one (2024-02-30) filters nothing, and the form shows it empty.
     applied["since"], applied["until"] = (str(since) if since else ""), (str(until) if until else "")
@@ -55,8 +84,16 @@ def filtered(params: Any) -> tuple[QuerySet[Interrupt], dict[str, str]]:
     if until:
         interrupts = interrupts.filter(created_at__date__lte=until)
     if applied["q"]:
-        interrupts = interrupts.filter(message__icontains=applied["q"])
+        interrupts = searched(interrupts, applied["q"])
     return interrupts, applied
+
+
+def searched(interrupts: QuerySet[Interrupt], text: str) -> QuerySet[Interrupt]:
+    """Those whose message, data, answer, reason, comments or run input hold every word of
+    ``text``: the database's full-text index (SQLite FTS5, PostgreSQL tsvector with GIN), kept
+    by triggers (migration 0015)."""
+    matching = store.interrupts_matching(text)
+    return interrupts.none() if matching is None else interrupts.filter(pk__in=matching)
 
 
 def _date(text: str) -> date | None:
@@ -76,7 +113,7 @@ def _moment(text: str) -> datetime | None:
     return moment
 
 
-def _page(interrupts: QuerySet[Interrupt], cursor: str) -> tuple[list[Interrupt], str]:
+def page(interrupts: QuerySet[Interrupt], cursor: str) -> tuple[list[Interrupt], str]:
     """One page after ``cursor`` ("<created_at>|<id>" of the last row seen). Keyset paging costs
     the same on page 1 and page 2,000: no OFFSET, just an index range."""
     if "|" in cursor:
@@ -147,19 +184,114 @@ def bar_chart(times: list[DecisionTimes]) -> list[dict[str, Any]]:
     ]
 
 
-@staff_member_required
+@dataclass(frozen=True)
+class Reviewer:
+    name: str
+    decisions: int
+    median: float
+    rejected: float  # share, 0..1
+
+
+def reviewers(interrupts: QuerySet[Interrupt], days: int) -> list[Reviewer]:
+    """Per person who decided in the period: how many, the median time to decision, and the
+    share rejected (decisions by a deadline or a policy are nobody's)."""
+    since = timezone.now() - timedelta(days=days)
+    rows = (
+        interrupts.filter(decided_at__isnull=False, created_at__gte=since)
+        .exclude(decided_by_name="")
+        .exclude(decided_via__in=["deadline", "policy"])
+        .order_by()
+        .values_list("decided_by_name", "status", "created_at", "decided_at")
+    )
+    seconds: dict[str, list[float]] = defaultdict(list)
+    rejected: dict[str, int] = defaultdict(int)
+    for name, status, created, decided in rows.iterator(chunk_size=5000):
+        assert decided is not None  # filtered above
+        seconds[name].append(max((decided - created).total_seconds(), 0.0))
+        rejected[name] += status == Interrupt.Status.REJECTED
+    return [
+        Reviewer(name, len(values), statistics.median(values), rejected[name] / len(values))
+        for name, values in sorted(seconds.items(), key=lambda item: (-len(item[1]), item[0]))
+    ]
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    team: str
+    action: str
+    with_deadline: int
+    breached: int  # expired, or decided after the deadline
+    escalated: int
+
+
+def deadlines(interrupts: QuerySet[Interrupt], days: int) -> list[Deadlines]:
+    """Per team and action in the period: interrupts with a deadline, how many missed it, and
+    how many were escalated."""
+    since = timezone.now() - timedelta(days=days)
+    late = Q(status=Interrupt.Status.EXPIRED) | Q(decided_at__gt=F("expires_at"))
+    rows = (
+        interrupts.filter(created_at__gte=since)
+        .filter(Q(expires_at__isnull=False) | Q(escalated_at__isnull=False))
+        .order_by()
+        .values("team__name", "action")
+        .annotate(
+            with_deadline=Count("pk", filter=Q(expires_at__isnull=False)),
+            breached=Count("pk", filter=Q(expires_at__isnull=False) & late),
+            escalated=Count("pk", filter=Q(escalated_at__isnull=False)),
+        )
+        .order_by("team__name", "action")
+    )
+    return [
+        Deadlines(row["team__name"], row["action"], row["with_deadline"], row["breached"], row["escalated"])
+        for row in rows
+    ]
+
+
+def reviewer_chart(people: list[Reviewer]) -> list[dict[str, Any]]:
+    """Geometry for a server-rendered SVG: per reviewer, decisions as a bar, rejected within."""
+    most = max((person.decisions for person in people), default=0) or 1
+    return [
+        {
+            "label": person.name,
+            "y": 24 * i,
+            "width": round(300 * person.decisions / most, 1),
+            "rejected_width": round(300 * person.decisions * person.rejected / most, 1),
+            "decisions": person.decisions,
+            "median": human(person.median),
+            "rejected": f"{person.rejected:.0%}",
+        }
+        for i, person in enumerate(people[:20])
+    ]
+
+
+def _refused(exc: Refused) -> HttpResponse:
+    return HttpResponseForbidden(str(exc), content_type="text/plain")
+
+
+@login_required
 def history(request: HttpRequest) -> HttpResponse:
-    interrupts, applied = filtered(request.GET)
-    rows, next_cursor = _page(interrupts, request.GET.get("after", ""))
+    teams = scope(request.user)
+    try:
+        interrupts, applied = filtered(request.GET, teams)
+    except Refused as exc:
+        return _refused(exc)
+    rows, next_cursor = page(interrupts, request.GET.get("after", ""))
     requested = request.GET.get("days", "")
-    days = min(max(int(requested), 1), 3650) if requested.isdigit() else 30
+    days = min(max(int(requested), 1), 3650) if requested.isdigit() and len(requested) < 6 else 30
     # The figures read every decision in the period; an audit page can show them a minute old.
-    key = "history-times:" + hashlib.sha256(repr((sorted(applied.items()), days)).encode()).hexdigest()
-    times = cache.get(key)
-    if times is None:
-        times = (decision_times(interrupts, "team", days), decision_times(interrupts, "action", days))
-        cache.set(key, times, STATS_CACHE_SECONDS)
-    by_team, by_action = times
+    key = (
+        "history-figures:" + hashlib.sha256(repr((sorted(applied.items()), days, teams)).encode()).hexdigest()
+    )
+    figures = cache.get(key)
+    if figures is None:
+        figures = (
+            decision_times(interrupts, "team", days),
+            decision_times(interrupts, "action", days),
+            reviewers(interrupts, days),
+            deadlines(interrupts, days),
+        )
+        cache.set(key, figures, STATS_CACHE_SECONDS)
+    by_team, by_action, people, missed = figures
     query = request.GET.copy()
     query.pop("after", None)
     context = {
@@ -167,20 +299,40 @@ def history(request: HttpRequest) -> HttpResponse:
         "next_cursor": next_cursor,
         "applied": applied,
         "query": query.urlencode(),
-        "teams": Team.objects.all(),
-        "statuses": Interrupt.Status.choices,
+        "teams": Team.objects.all() if teams is None else Team.objects.filter(pk__in=teams),
+        "statuses": [
+            (value, label)
+            for value, label in Interrupt.Status.choices
+            if teams is None or value != Interrupt.Status.PENDING
+        ],
         "consumers": Run.Consumer.choices,
         "days": days,
         "by_team": bar_chart(by_team),
         "by_action": bar_chart(by_action),
         "chart_height": 24 * max(len(by_action), 1),
+        "people": people,
+        "people_chart": reviewer_chart(people),
+        "people_height": 24 * max(min(len(people), 20), 1),
+        "deadlines": missed,
+        "verified": AuditCheck.objects.order_by("-at", "-id").first(),
+        "everything": teams is None,
     }
     return render(request, "actions/history.html", context)
 
 
-# A cell a spreadsheet would run as a formula (OWASP "CSV injection"): prefixed with a quote,
-# which spreadsheets show as text. Reviewer text, messages and names are all somebody's input.
+# Exports. A cell a spreadsheet would run as a formula (OWASP "CSV injection") is prefixed with
+# a quote, which spreadsheets show as text: messages, answers, reasons and names are all
+# somebody's input. JSON Lines carries values as they are (no spreadsheet reads it).
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+INTERRUPT_COLUMNS = [
+    "interrupt_id", "run_id", "seq", "team", "action", "consumer", "status", "message", "data",
+    "answer", "reason", "requested_by", "decided_by", "decided_via", "edited_arguments",
+    "comments", "created_at", "decided_at", "seconds_to_decision",
+]  # fmt: skip
+EVENT_COLUMNS = [
+    "event_id", "seq", "run_id", "interrupt_id", "team", "kind", "actor", "at", "detail", "hash", "run_hash",
+]  # fmt: skip
 
 
 def neutralise(value: Any) -> Any:
@@ -194,34 +346,115 @@ class _Echo:
         return value
 
 
-def _csv_rows(interrupts: QuerySet[Interrupt]) -> Iterator[str]:
+def _json(value: Any) -> str:
+    return "" if value is None else json.dumps(value, cls=DjangoJSONEncoder, ensure_ascii=False)
+
+
+def interrupt_record(it: Interrupt) -> dict[str, Any]:
+    decided = it.decided_at
+    return {
+        "interrupt_id": it.pk,
+        "run_id": it.run_id,
+        "seq": it.seq,
+        "team": it.team.slug,
+        "action": it.action,
+        "consumer": it.run.consumer,
+        "status": it.status,
+        "message": it.message,
+        "data": it.data,
+        "answer": it.answer,
+        "reason": it.reason,
+        "requested_by": it.run.started_by_name,
+        "decided_by": it.decided_by_name,
+        "decided_via": it.decided_via,
+        "edited_arguments": it.edited_arguments,
+        "comments": getattr(it, "comment_count", 0),
+        "created_at": it.created_at.isoformat(),
+        "decided_at": decided.isoformat() if decided else None,
+        "seconds_to_decision": round((decided - it.created_at).total_seconds(), 3) if decided else None,
+    }
+
+
+def event_record(event: RunEvent, teams: dict[int, str]) -> dict[str, Any]:
+    return {
+        "event_id": event.pk,
+        "seq": event.seq,
+        "run_id": event.run_id,
+        "interrupt_id": event.interrupt_id,
+        "team": teams.get(event.run.team_id, ""),
+        "kind": event.kind,
+        "actor": event.actor_name,
+        "at": event.at.isoformat(),
+        "detail": event.detail,
+        "hash": event.hash,
+        "run_hash": event.run_hash,
+    }
+
+
+def _lines(records: Iterator[dict[str, Any]], columns: list[str], fmt: str) -> Iterator[str]:
+    if fmt == "jsonl":
+        for record in records:
+            yield json.dumps(record, cls=DjangoJSONEncoder, ensure_ascii=False) + "\n"
+        return
     writer = csv.writer(_Echo())
-    yield writer.writerow(CSV_COLUMNS)
-    for it in interrupts.iterator(chunk_size=2000):
+    yield writer.writerow(columns)
+    for record in records:
         yield writer.writerow(
-            neutralise(cell)
-            for cell in [
-                it.pk,
-                it.run_id,
-                it.seq,
-                it.team.slug,
-                it.action,
-                it.run.consumer,
-                it.status,
-                it.message,
-                it.created_at.isoformat(),
-                it.decided_by_name,
-                it.decided_at.isoformat() if it.decided_at else "",
-                it.reason,
-            ]  # fmt: skip
+            neutralise(_json(value) if isinstance(value, dict | list) else "" if value is None else value)
+            for value in (record[column] for column in columns)
         )
 
 
-@staff_member_required
-def export_csv(request: HttpRequest) -> StreamingHttpResponse:
-    """The filtered history as CSV, streamed row by row: memory stays flat at any size."""
-    interrupts, _ = filtered(request.GET)
+def _interrupt_records(interrupts: QuerySet[Interrupt]) -> Iterator[dict[str, Any]]:
+    counted = interrupts.annotate(comment_count=Count("comments"))
+    for it in counted.iterator(chunk_size=2000):
+        yield interrupt_record(it)
+
+
+def _event_records(interrupts: QuerySet[Interrupt]) -> Iterator[dict[str, Any]]:
+    teams = dict(Team.objects.values_list("pk", "slug"))
+    runs = interrupts.order_by().values("run_id")
+    events = RunEvent.objects.filter(run_id__in=runs).select_related("run").order_by("run_id", "seq", "id")
+    for event in events.iterator(chunk_size=2000):
+        yield event_record(event, teams)
+
+
+def _export(request: HttpRequest, what: str, fmt: str) -> HttpResponseBase:
+    if fmt not in ("csv", "jsonl"):
+        return HttpResponseNotFound("Exports are .csv or .jsonl.", content_type="text/plain")
+    teams = scope(request.user)
+    try:
+        interrupts, applied = filtered(request.GET, teams)
+    except Refused as exc:
+        return _refused(exc)
+    # The export is itself audited: who took what, when.
+    AuditExport.objects.create(
+        user=request.user if request.user.is_authenticated else None,
+        user_name=request.user.get_username(),
+        what=what,
+        format=fmt,
+        filters={key: value for key, value in applied.items() if value}
+        | ({} if teams is None else {"teams": teams}),
+    )
+    if what == "events":
+        lines = _lines(_event_records(interrupts), EVENT_COLUMNS, fmt)
+    else:
+        lines = _lines(_interrupt_records(interrupts), INTERRUPT_COLUMNS, fmt)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    response = StreamingHttpResponse(_csv_rows(interrupts), content_type="text/csv")
-    response["Content-Disposition"] = f'attachment; filename="grundlag-history-{stamp}.csv"'
+    content_type = "text/csv; charset=utf-8" if fmt == "csv" else "application/jsonl; charset=utf-8"
+    response = StreamingHttpResponse(lines, content_type=content_type)
+    name = "history" if what == "interrupts" else "events"
+    response["Content-Disposition"] = f'attachment; filename="grundlag-{name}-{stamp}.{fmt}"'
     return response
+
+
+@login_required
+def export_interrupts(request: HttpRequest, fmt: str) -> HttpResponseBase:
+    """The filtered history, one interrupt a row, streamed: memory stays flat at any size."""
+    return _export(request, "interrupts", fmt)
+
+
+@login_required
+def export_events(request: HttpRequest, fmt: str) -> HttpResponseBase:
+    """The event log of the filtered interrupts' runs, every event with its hashes."""
+    return _export(request, "events", fmt)

@@ -17,7 +17,8 @@ urlpatterns = [
     path("start/", views.start, name="start"),
     path("start/<str:name>/", views.start_action, name="start_action"),
     path("history/", history.history, name="history"),
-    path("history/export.csv", history.export_csv, name="history_export"),
+    path("history/export.<str:fmt>", history.export_interrupts, name="history_export"),
+    path("history/events.<str:fmt>", history.export_events, name="history_events"),
     path("settings/notifications/", views.preferences, name="notification-preferences"),
     # A mail's personal decision link, and Slack's interactions (signed by Slack, not a session).
     path("d/<str:token>/", links.decision_link, name="decision-link"),

@@ -1,6 +1,9 @@
 """Retention: delete (optionally after archiving) finished runs older than N days.
 
-Runs that are queued, running or waiting for a decision are never touched, however old.
+Runs that are queued, running or waiting for a decision are never touched, however old. Each
+deleted event leaves an anchor (its place in the audit chain and its hash), and the archive
+carries every event's hashes: `manage.py verify_audit` still verifies what remains, and the
+archive can be checked against the anchors.
 Run it from cron or a systemd timer, e.g. daily: `manage.py prune_runs --older-than-days 365`."""
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.utils import timezone
 
+from actions.engine import audit
 from actions.models import Run
 
 BATCH = 500
@@ -49,6 +53,8 @@ class Command(BaseCommand):
                 with transaction.atomic():
                     # Re-checked inside the transaction: only runs that are still finished go.
                     batch = Run.objects.filter(pk__in=ids, status__in=Run.FINISHED)
+                    # The events' places and hashes stay: what remains of the chain verifies.
+                    audit.anchor(list(batch.values_list("pk", flat=True)))
                     if archive is not None:
                         for run in batch.prefetch_related("interrupts", "events"):
                             archive.write(json.dumps(_as_record(run), cls=DjangoJSONEncoder) + "\n")
@@ -94,6 +100,18 @@ def _as_record(run: Run) -> dict[str, Any]:
         for it in run.interrupts.all()
     ]
     record["events"] = [
-        {"kind": e.kind, "actor": e.actor_name, "at": e.at, "detail": e.detail} for e in run.events.all()
+        {
+            "id": e.pk,
+            "seq": e.seq,
+            "interrupt": e.interrupt_id,
+            "kind": e.kind,
+            "actor_id": e.actor_id,
+            "actor": e.actor_name,
+            "at": audit.moment(e.at),  # to the microsecond, as hashed
+            "detail": e.detail,
+            "hash": e.hash,
+            "run_hash": e.run_hash,
+        }
+        for e in run.events.order_by("seq", "id")
     ]
     return record

@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections
 
 from actions import engine, notify
-from actions.engine import steps
+from actions.engine import audit, steps
 from actions.notify import process
 
 logger = logging.getLogger("actions")
@@ -93,13 +93,16 @@ def run_periodic_tick(*, sweep: bool, policies: bool = True) -> None:
     try:
         if policies:
             engine.apply_policies()
+            audit.daily()
         if sweep:
             engine.sweep()
             if (notifier := process.current) is not None:
                 notifier.ping()  # started again, should it have died; it does its own rounds
             else:
-                notify.dispatch_missed()
-                notify.deliver_due()
+                try:
+                    notify.dispatch_missed()
+                finally:
+                    notify.deliver_due()
     except Exception:
         logger.exception("periodic engine work failed")
     finally:

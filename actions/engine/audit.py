@@ -1,0 +1,295 @@
+"""Tamper evidence for the event log.
+
+Every event carries two SHA-256 hashes, written in the transaction that logs it: ``hash`` chains
+it to the event before it in the whole log (its ``seq``), ``run_hash`` to the one before it in
+its run. Each hash covers the event's content and the hash before it, so an event edited,
+deleted or slipped in directly in the database breaks its chains from there on.
+``verify()`` recomputes both chains and names the first event that does not fit
+(`manage.py verify_audit`; the history page shows the last verification). The head of the whole
+chain is published every day (``publish_head``: the log, the admin, webhooks subscribed to
+``audit.head``): someone with the database could recompute every hash after a change, but not
+the copies of the heads held elsewhere, which ``verify()`` also checks. ``prune_runs`` leaves an
+anchor for each event it deletes (its place and hash), so what remains still verifies; the
+archive it writes carries every event's hashes.
+
+Writers take the chain's head row (AuditChain) as their transaction ends: on PostgreSQL the
+transactions that log events commit one after another from there; SQLite's writers do anyway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from actions.models import GENESIS, AuditAnchor, AuditChain, AuditCheck, AuditHead, RunEvent
+
+logger = logging.getLogger(__name__)
+
+CHUNK = 5000
+MAX_PROBLEMS = 20
+PUBLISH_EVERY = timedelta(days=1)
+
+
+def _canonical(value: Any) -> Any:
+    """The JSON value as every database gives it back: a float with no fraction as an integer
+    (PostgreSQL's jsonb reads 1e20 back as 100000000000000000000)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {str(key): _canonical(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canonical(item) for item in value]
+    return value
+
+
+def moment(at: datetime) -> str:
+    """A moment as the hashes cover it (UTC, to the microsecond)."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def content(
+    seq: int,
+    run_id: int,
+    interrupt_id: int | None,
+    kind: str,
+    actor_id: int | None,
+    actor_name: str,
+    detail: Any,
+    at: datetime,
+) -> bytes:
+    """What an event's hashes cover, as bytes: every column but its id and the hashes."""
+    return json.dumps(
+        [seq, run_id, interrupt_id, kind, actor_id, actor_name, _canonical(detail), moment(at)],
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=True,
+    ).encode()
+
+
+def link(previous: str, body: bytes) -> str:
+    return hashlib.sha256(previous.encode() + body).hexdigest()
+
+
+def chained(events: Sequence[Sequence[Any]], detail_of: Any) -> list[list[Any]]:
+    """The events (run_id, interrupt_id, kind, actor_id, actor_name, detail, at), each with its
+    seq, hash and run_hash appended, the chain's head moved past them. In the caller's
+    transaction, which must end soon: the head's row stays locked until it does."""
+    from actions.engine import store
+
+    seq, head = store.lock_audit_chain()
+    run_heads = store.run_chain_heads(sorted({int(event[0]) for event in events}))
+    rows = []
+    for event in events:
+        run_id, interrupt_id, kind, actor_id, actor_name, detail, at = event
+        seq += 1
+        body = content(seq, run_id, interrupt_id, kind, actor_id, actor_name, detail_of(detail), at)
+        head = link(head, body)
+        run_heads[run_id] = link(run_heads.get(run_id, GENESIS), body)
+        rows.append([*event, seq, head, run_heads[run_id]])
+    store.move_audit_chain(seq, head)
+    return rows
+
+
+# Verification
+
+
+@dataclass
+class Report:
+    events: int = 0
+    seq: int = 0
+    head: str = GENESIS
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def add(self, problem: str) -> None:
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(problem)
+
+
+def _events(order: Sequence[str]) -> Iterator[RunEvent]:
+    """Every event, in ``order``, a chunk at a time (keyset: memory stays flat)."""
+    rows = RunEvent.objects.order_by(*order).only(
+        "id",
+        "run_id",
+        "interrupt_id",
+        "kind",
+        "actor_id",
+        "actor_name",
+        "detail",
+        "at",
+        "seq",
+        "hash",
+        "run_hash",
+    )
+    yield from rows.iterator(chunk_size=CHUNK)
+
+
+def _body(event: RunEvent) -> bytes:
+    return content(
+        event.seq or 0,
+        event.run_id,
+        event.interrupt_id,
+        event.kind,
+        event.actor_id,
+        event.actor_name,
+        event.detail,
+        event.at,
+    )
+
+
+def verify() -> Report:
+    """Recompute both chains from the database; what does not fit, first things first."""
+    report = Report()
+    anchors = dict(AuditAnchor.objects.values_list("seq", "hash"))
+    unplaced = (
+        RunEvent.objects.filter(seq__isnull=True).order_by("id").values_list("id", flat=True)[:MAX_PROBLEMS]
+    )
+    for event_id in unplaced:
+        report.add(f"event {event_id} has no place in the chain: it was inserted directly in the database")
+    previous, expected = GENESIS, 1
+    hashes: dict[int, str] = {}
+    for event in _events(["seq"]):
+        if event.seq is None:
+            continue
+        while expected < event.seq and expected in anchors:  # pruned: the anchor stands in
+            previous, expected = anchors[expected], expected + 1
+        if event.seq > expected:
+            report.add(f"events {expected} to {event.seq - 1} of the chain are missing: deleted")
+            expected = event.seq
+        elif event.seq < expected:
+            report.add(f"event {event.pk} repeats place {event.seq} of the chain: inserted out of order")
+            continue
+        if link(previous, _body(event)) != event.hash:
+            report.add(
+                f"event {event.pk} (place {event.seq}, run {event.run_id}, {event.kind}) does not match its"
+                " hash: it was edited, or moved or inserted out of order"
+            )
+        previous, expected = event.hash, expected + 1
+        hashes[event.seq] = event.hash
+        report.events += 1
+    while expected in anchors:
+        previous, expected = anchors[expected], expected + 1
+    chain = AuditChain.objects.filter(pk=1).first()
+    last = expected - 1
+    report.seq, report.head = last, previous
+    if chain is not None and (chain.seq, chain.head) != (last, previous):
+        if chain.seq > last:
+            report.add(f"events {last + 1} to {chain.seq} of the chain are missing: the newest were deleted")
+        else:
+            report.add(f"the chain's head says place {chain.seq}, the log ends at {last}: it was changed")
+    for published in AuditHead.objects.order_by("seq"):
+        known = hashes.get(published.seq) or anchors.get(published.seq)
+        if published.seq and known != published.head:
+            report.add(
+                f"the head published {published.at:%Y-%m-%d %H:%M} UTC (place {published.seq}) is not the"
+                " log's: the log was rewritten since"
+            )
+    _verify_runs(report)
+    return report
+
+
+def _verify_runs(report: Report) -> None:
+    run_id, previous = None, GENESIS
+    for event in _events(["run_id", "seq"]):
+        if event.seq is None:
+            continue
+        if event.run_id != run_id:
+            run_id, previous = event.run_id, GENESIS
+        if link(previous, _body(event)) != event.run_hash:
+            report.add(
+                f"run {event.run_id}'s chain breaks at event {event.pk} (place {event.seq}): an event of"
+                " the run before it was deleted or changed, or this one was"
+            )
+        previous = event.run_hash  # go on from what the event says: each break is told once
+
+
+def check(*, by: str = "verify_audit") -> AuditCheck:
+    """Verify, and record how it went (the history page shows the last one)."""
+    report = verify()
+    if report.ok:
+        logger.info(
+            "audit chain verified by %s: %s events, head %s at %s", by, report.events, report.head, report.seq
+        )
+    else:
+        logger.error("audit chain verification by %s FAILED: %s", by, "; ".join(report.problems))
+    return AuditCheck.objects.create(
+        ok=report.ok, events=report.events, seq=report.seq, head=report.head, problems=report.problems
+    )
+
+
+# Publication
+
+
+def publish_head(now: datetime | None = None) -> AuditHead | None:
+    """Publish the chain's head, once a day: recorded (the admin lists them), logged, and sent
+    to the webhooks subscribed to audit.head. None when one was published less than a day ago."""
+    now = now or timezone.now()
+    last = AuditHead.objects.order_by("-at").first()
+    if last is not None and now - last.at < PUBLISH_EVERY:
+        return None
+    chain = AuditChain.objects.filter(pk=1).first()
+    seq, head = (chain.seq, chain.head) if chain is not None else (0, GENESIS)
+    with transaction.atomic():
+        published = AuditHead.objects.create(at=now, seq=seq, head=head)
+        transaction.on_commit(lambda: _tell_webhooks(published))
+    logger.info("audit chain head published: place %s, sha256 %s", seq, head)
+    return published
+
+
+def _tell_webhooks(published: AuditHead) -> None:
+    from actions.models import Notification, Webhook
+    from actions.notify.delivery import schedule
+
+    body = {
+        "type": "audit.head",
+        "timestamp": moment(published.at),
+        "data": {"seq": published.seq, "head": published.head, "algorithm": "sha256"},
+    }
+    hooks = [hook for hook in Webhook.objects.filter(disabled_at=None) if "audit.head" in hook.events]
+    made = Notification.objects.bulk_create(
+        Notification(
+            event=None,
+            type="audit.head",
+            channel=Notification.Channel.WEBHOOK,
+            webhook=hook,
+            message_id=f"msg_audit_{published.pk}_w{hook.pk}",
+            payload=body,
+        )
+        for hook in hooks
+    )
+    for notification in made:
+        schedule(notification.pk)
+
+
+def daily() -> None:
+    """The periodic round's share: publish the head (and verify) once a day."""
+    if publish_head() is not None:
+        check(by="the daily round")
+
+
+# Pruning
+
+
+def anchor(run_ids: Sequence[int]) -> int:
+    """Before the runs' events are deleted: their places and hashes (the caller's transaction)."""
+    rows = RunEvent.objects.filter(run_id__in=run_ids, seq__isnull=False).values_list("seq", "run_id", "hash")
+    made = AuditAnchor.objects.bulk_create(
+        (
+            AuditAnchor(seq=int(seq or 0), run_id=run_id, hash=hash_)
+            for seq, run_id, hash_ in rows.iterator(chunk_size=CHUNK)
+        ),
+        batch_size=1000,
+        ignore_conflicts=True,
+    )
+    return len(made)
