@@ -80,12 +80,11 @@ def link(previous: str, body: bytes) -> str:
 
 def chained(events: Sequence[Sequence[Any]], detail_of: Any) -> list[list[Any]]:
     """The events (run_id, interrupt_id, kind, actor_id, actor_name, detail, at), each with its
-    seq, hash and run_hash appended, the chain's head moved past them. In the caller's
-    transaction, which must end soon: the head's row stays locked until it does."""
+    seq, hash and run_hash appended. In the caller's transaction, which must end soon: the
+    chain's head row stays locked until it does (inserting them moves it on)."""
     from actions.engine import store
 
-    seq, head = store.lock_audit_chain()
-    run_heads = store.run_chain_heads(sorted({int(event[0]) for event in events}))
+    seq, head, run_heads = store.lock_audit_chain(sorted({int(event[0]) for event in events}))
     rows = []
     for event in events:
         run_id, interrupt_id, kind, actor_id, actor_name, detail, at = event
@@ -94,7 +93,6 @@ def chained(events: Sequence[Sequence[Any]], detail_of: Any) -> list[list[Any]]:
         head = link(head, body)
         run_heads[run_id] = link(run_heads.get(run_id, GENESIS), body)
         rows.append([*event, seq, head, run_heads[run_id]])
-    store.move_audit_chain(seq, head)
     return rows
 
 

@@ -19,7 +19,6 @@ reads this file.
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
@@ -274,9 +273,9 @@ def insert_events(events: Sequence[Sequence[Any]]) -> None:
     connection = _db()
 
     def detail_of(value: Json) -> Any:
-        # The value as the database gives it back: the JSON the column stores (json.dumps, as
-        # JSONField saves it), read again.
-        return json.loads(json.dumps(value.value))
+        # What the JSON column gives back; what differs (an integral float, a tuple, a key
+        # that is not a string) the hash's canonical form makes the same (audit._canonical).
+        return value.value
 
     with nullcontext() if connection.in_atomic_block else transaction.atomic():
         rows = audit.chained(events, detail_of)
@@ -312,17 +311,26 @@ def interrupts_matching(text: str) -> RawSQL | None:
     )
 
 
-def lock_audit_chain() -> tuple[int, str]:
+def lock_audit_chain(run_ids: Sequence[int]) -> tuple[int, str, dict[int, str]]:
     """The audit chain's place and head, its row locked until the transaction ends (SQLite's
-    IMMEDIATE transaction holds the whole database already)."""
+    IMMEDIATE transaction holds the whole database already), and each run's newest run_hash
+    (a run with no event yet is absent): one statement. The head moves on with each event
+    inserted (a trigger, migration 0015)."""
+    newest = sql(
+        "(SELECT e.{RunEvent.run_hash} FROM {RunEvent} e WHERE e.{RunEvent.run} = %s"
+        " ORDER BY e.{RunEvent.seq} DESC LIMIT 1)"
+    )
     lock = " FOR UPDATE" if _db().features.has_select_for_update else ""
+    query = (
+        sql("SELECT {AuditChain.seq}, {AuditChain.head}")
+        + "".join(f", {newest}" for _ in run_ids)
+        + sql(" FROM {AuditChain} WHERE {AuditChain.id} = 1")
+        + lock
+    )
     with _cursor(_db()) as cursor:
-        cursor.execute(
-            sql("SELECT {AuditChain.seq}, {AuditChain.head} FROM {AuditChain} WHERE {AuditChain.id} = 1")
-            + lock
-        )
+        cursor.execute(query, list(run_ids))
         row = cursor.fetchone()
-        if row is None:
+        if row is None:  # a database emptied by hand (a test's flush): the chain starts again
             cursor.execute(
                 sql(
                     "INSERT INTO {AuditChain} ({AuditChain.id}, {AuditChain.seq}, {AuditChain.head})"
@@ -330,35 +338,10 @@ def lock_audit_chain() -> tuple[int, str]:
                 ),
                 [GENESIS],
             )
-            return 0, GENESIS
-    return int(row[0]), str(row[1])
-
-
-def move_audit_chain(seq: int, head: str) -> None:
-    execute(
-        sql(
-            "UPDATE {AuditChain} SET {AuditChain.seq} = %s, {AuditChain.head} = %s WHERE {AuditChain.id} = 1"
-        ),
-        [seq, head],
-    )
-
-
-def run_chain_heads(run_ids: Sequence[int]) -> dict[int, str]:
-    """Each run's newest run_hash (runs with no event yet are absent)."""
-    if not run_ids:
-        return {}
-    marks = ", ".join(["%s"] * len(run_ids))
-    with _cursor(_db()) as cursor:
-        cursor.execute(
-            sql(
-                "SELECT e.{RunEvent.run}, e.{RunEvent.run_hash} FROM {RunEvent} e JOIN"
-                " (SELECT {RunEvent.run} AS run_id, MAX({RunEvent.seq}) AS seq FROM {RunEvent}"
-                f" WHERE {{RunEvent.run}} IN ({marks}) GROUP BY {{RunEvent.run}}) newest"
-                " ON e.{RunEvent.run} = newest.run_id AND e.{RunEvent.seq} = newest.seq"
-            ),
-            list(run_ids),
-        )
-        return {int(run_id): str(run_hash) for run_id, run_hash in cursor.fetchall()}
+            cursor.execute(query, list(run_ids))
+            row = cursor.fetchone()
+    heads = {int(run_id): str(value) for run_id, value in zip(run_ids, row[2:], strict=True) if value}
+    return int(row[0]), str(row[1]), heads
 
 
 # What a step needs of its run: it reads nothing else of it.

@@ -67,6 +67,10 @@ SQLITE_DOCUMENT = """
 """
 
 SQLITE_SEARCH = [
+    # The audit chain's head moves on with each event inserted (actions.engine.store).
+    """CREATE TRIGGER actions_auditchain_move AFTER INSERT ON actions_runevent WHEN NEW.seq IS NOT NULL BEGIN
+        UPDATE actions_auditchain SET seq = NEW.seq, head = NEW.hash WHERE id = 1;
+    END""",
     "CREATE VIRTUAL TABLE actions_interrupt_search USING fts5(document, tokenize = 'unicode61 remove_diacritics 2')",
     f"""CREATE TRIGGER actions_interrupt_search_insert AFTER INSERT ON actions_interrupt BEGIN
         INSERT INTO actions_interrupt_search (rowid, document) {SQLITE_DOCUMENT.format(target="NEW.id")};
@@ -86,6 +90,7 @@ SQLITE_SEARCH = [
     f"INSERT INTO actions_interrupt_search (rowid, document) {SQLITE_DOCUMENT.format(target='i.id')}",
 ]
 SQLITE_SEARCH_DROP = [
+    "DROP TRIGGER actions_auditchain_move",
     "DROP TRIGGER actions_interrupt_search_comment",
     "DROP TRIGGER actions_interrupt_search_delete",
     "DROP TRIGGER actions_interrupt_search_update",
@@ -94,6 +99,14 @@ SQLITE_SEARCH_DROP = [
 ]
 
 POSTGRESQL_SEARCH = [
+    """CREATE FUNCTION grundlag_move_audit_chain() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        UPDATE actions_auditchain SET seq = NEW.seq, head = NEW.hash WHERE id = 1;
+        RETURN NULL;
+    END
+    $$""",
+    """CREATE TRIGGER actions_auditchain_move AFTER INSERT ON actions_runevent
+        FOR EACH ROW WHEN (NEW.seq IS NOT NULL) EXECUTE FUNCTION grundlag_move_audit_chain()""",
     """CREATE TABLE actions_interrupt_search (
         interrupt_id bigint PRIMARY KEY,
         document tsvector NOT NULL
@@ -146,6 +159,8 @@ POSTGRESQL_SEARCH = [
     "SELECT grundlag_index_interrupt(id) FROM actions_interrupt",
 ]
 POSTGRESQL_SEARCH_DROP = [
+    "DROP TRIGGER actions_auditchain_move ON actions_runevent",
+    "DROP FUNCTION grundlag_move_audit_chain()",
     "DROP TRIGGER actions_interrupt_search_truncate ON actions_interrupt",
     "DROP TRIGGER actions_interrupt_search_delete ON actions_interrupt",
     "DROP FUNCTION grundlag_unindex_interrupt()",
