@@ -86,13 +86,12 @@ def test_an_edited_event_is_named(team: Team, reviewer: User) -> None:
 @pytest.mark.usefixtures("steps")
 def test_an_edited_detail_is_named(team: Team, reviewer: User) -> None:
     finished_run(team, reviewer, "E-2")
-    interrupted = RunEvent.objects.get(kind="interrupted")
-    sql(
-        "UPDATE actions_runevent SET at = %s WHERE id = %s",
-        interrupted.at - timedelta(hours=1),
-        interrupted.pk,
-    )
-    assert any(f"event {interrupted.pk} " in problem for problem in problems())
+    interrupted, resumed = RunEvent.objects.get(kind="interrupted"), RunEvent.objects.get(kind="resumed")
+    sql("UPDATE actions_runevent SET detail = '{\"seq\": 9}' WHERE id = %s", interrupted.pk)
+    sql("UPDATE actions_runevent SET at = %s WHERE id = %s", resumed.at - timedelta(hours=1), resumed.pk)
+    found = problems()
+    assert any(f"event {interrupted.pk} " in problem for problem in found), found
+    assert any(f"event {resumed.pk} " in problem for problem in found), found
 
 
 @pytest.mark.usefixtures("steps")
@@ -192,8 +191,8 @@ def test_the_chain_verifies_across_a_prune_and_the_archive_carries_the_hashes(
     )
     for event in record["events"]:
         body = audit.content(
-            event["seq"], record["id"], event["interrupt"], event["kind"], event["actor_id"], event["actor"],
-            event["detail"], datetime.fromisoformat(event["at"]),
+            event["seq"], record["id"], event["interrupt"], event["kind"], event["actor"], event["detail"],
+            datetime.fromisoformat(event["at"]),
         )  # fmt: skip
         assert audit.link(hashes.get(event["seq"] - 1, "0" * 64), body) == event["hash"]
     # A later edit of a kept event is still found.
@@ -251,3 +250,82 @@ def test_each_decision_says_how_it_was_made(team: Team, reviewer: User, token_ke
     engine.reject(third, "batch", reviewer, via="bulk")
     vias = dict(Interrupt.objects.values_list("pk", "decided_via"))
     assert (vias[first.pk], vias[second.pk], vias[third.pk]) == ("dashboard", "api", "bulk")
+
+
+@pytest.mark.usefixtures("steps")
+def test_what_the_databases_give_back_differently_still_verifies(team: Team, reviewer: User) -> None:
+    """Floats without a fraction beyond 2**53 (PostgreSQL's jsonb reads 1e23 back as 10**23),
+    keys that JSON writes as text, unicode; and a user deleted (the event keeps the name)."""
+    from actions.engine.journal import log
+
+    run = finished_run(team, reviewer, "F-1")
+    log(
+        run,
+        RunEvent.Kind.COMMENTED,
+        reviewer,
+        None,
+        big=1e23,
+        power=2.0**70,
+        small=0.1,
+        keyed={None: 1, 2: "x"},
+    )
+    log(run, RunEvent.Kind.COMMENTED, None, None, body="Zoë — 東京 \u2028", nested=[[1.0, {"a": -0.0}]])
+    reviewer.delete()
+    report = audit.verify()
+    assert report.ok, report.problems
+    assert RunEvent.objects.filter(actor_name="reviewer1", actor__isnull=True).exists()
+
+
+@pytest.mark.usefixtures("steps")
+def test_a_head_held_outside_catches_a_rewrite_of_the_log_and_its_published_heads(
+    team: Team, reviewer: User
+) -> None:
+    finished_run(team, reviewer, "O-1")
+    last = RunEvent.objects.order_by("-seq").first()
+    assert last is not None
+    outside = (last.seq, last.hash)  # as a webhook receiver got it
+    sql("UPDATE actions_runevent SET actor_name = 'someone else' WHERE id = %s", last.pk)
+    head = "0" * 64
+    for event in RunEvent.objects.order_by("seq"):
+        head = audit.link(head, audit._body(event))
+        sql("UPDATE actions_runevent SET hash = %s, run_hash = %s WHERE id = %s", head, head, event.pk)
+    sql("UPDATE actions_auditchain SET head = %s WHERE id = 1", head)
+    assert any("published outside the database" in problem for problem in audit.verify([outside]).problems)
+    code, said = verify_audit_with("--head", f"{outside[0]}:{outside[1]}")
+    assert code == 1 and "outside the database" in said
+    assert verify_audit_with("--head", "12:nothex")[0] == 2
+
+
+def verify_audit_with(*args: str) -> tuple[int, str]:
+    import io
+
+    from django.core.management.base import CommandError
+
+    err = io.StringIO()
+    try:
+        call_command("verify_audit", *args, stdout=io.StringIO(), stderr=err)
+    except CommandError as exc:
+        return 2, str(exc)
+    except SystemExit as exit:
+        return int(exit.code or 0), err.getvalue()
+    return 0, err.getvalue()
+
+
+@pytest.mark.usefixtures("steps")
+def test_anchors_written_without_a_prune_are_not_backed_by_its_archive(
+    team: Team, reviewer: User, tmp_path: Path
+) -> None:
+    pruned = finished_run(team, reviewer, "A-1")
+    hidden = finished_run(team, reviewer, "A-2")
+    finished_run(team, reviewer, "A-3")
+    Run.objects.filter(pk=pruned.pk).update(finished_at=timezone.now() - timedelta(days=400))
+    archive = tmp_path / "archive.jsonl"
+    call_command("prune_runs", "--older-than-days", "365", "--archive", str(archive))
+    assert verify_audit_with("--archive", str(archive))[0] == 0
+    # Someone deletes a run and writes anchors for its events, as a prune would have.
+    for seq, hash_ in RunEvent.objects.filter(run=hidden).values_list("seq", "hash"):
+        AuditAnchor.objects.create(seq=seq, run_id=hidden.pk, hash=hash_)
+    sql("DELETE FROM actions_runevent WHERE run_id = %s", hidden.pk)
+    assert audit.verify().ok, "the chains alone take the anchors at their word"
+    code, said = verify_audit_with("--archive", str(archive))
+    assert code == 1 and "have no event in the archive" in said

@@ -299,3 +299,24 @@ def test_reviewer_and_deadline_figures(team: Team, auditor: User) -> None:
     assert (row.with_deadline, row.breached, row.escalated) == (3, 3, 1)
     html = page.content.decode()
     assert 'id="reviewers"' in html and 'id="deadlines"' in html and "40%" in html
+
+
+def test_a_members_event_log_export_keeps_an_errors_text_for_staff(
+    team: Team, reviewer: User, auditor: User
+) -> None:
+    from actions.engine.journal import log
+
+    run = engine.start_run("send_invoice", {"invoice_id": "ERR-1", "amount": 1}, team, reviewer)
+    (it,) = engine.pending_interrupts(run.pk)
+    engine.reject(it, "no", reviewer)
+    log(run, RunEvent.Kind.ERROR, None, None, error="KeyError: 'secret-internal-path'")
+    member = Client()
+    member.force_login(reviewer)
+
+    def error_detail(client: Client) -> Any:
+        body = b"".join(client.get("/history/events.jsonl").streaming_content).decode()  # type: ignore[attr-defined]
+        (error,) = [json.loads(line) for line in body.splitlines() if json.loads(line)["kind"] == "error"]
+        return error["detail"]
+
+    assert error_detail(member) == {}
+    assert "secret-internal-path" in error_detail(staff(auditor))["error"]

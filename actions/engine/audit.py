@@ -24,6 +24,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
@@ -39,15 +40,24 @@ PUBLISH_EVERY = timedelta(days=1)
 
 
 def _canonical(value: Any) -> Any:
-    """The JSON value as every database gives it back: a float with no fraction as an integer
-    (PostgreSQL's jsonb reads 1e20 back as 100000000000000000000)."""
+    """The JSON value as every database gives it back: a float with no fraction as the integer
+    its JSON text denotes (PostgreSQL's jsonb reads 1e23 back as 10**23, not int(1e23)), keys
+    as JSON writes them (None as "null")."""
     if isinstance(value, float) and value.is_integer():
-        return int(value)
+        return int(Decimal(repr(value)))
     if isinstance(value, dict):
-        return {str(key): _canonical(item) for key, item in value.items()}
+        return {_key(key): _canonical(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [_canonical(item) for item in value]
     return value
+
+
+def _key(key: Any) -> str:
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, bool):
+        return json.dumps(key)
+    return repr(key) if isinstance(key, float) else str(key)
 
 
 def moment(at: datetime) -> str:
@@ -56,22 +66,18 @@ def moment(at: datetime) -> str:
 
 
 def content(
-    seq: int,
-    run_id: int,
-    interrupt_id: int | None,
-    kind: str,
-    actor_id: int | None,
-    actor_name: str,
-    detail: Any,
-    at: datetime,
+    seq: int, run_id: int, interrupt_id: int | None, kind: str, actor_name: str, detail: Any, at: datetime
 ) -> bytes:
-    """What an event's hashes cover, as bytes: every column but its id and the hashes."""
-    return json.dumps(
-        [seq, run_id, interrupt_id, kind, actor_id, actor_name, _canonical(detail), moment(at)],
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=True,
+    """What an event's hashes cover, as bytes: every column but its id, its actor's id (set to
+    NULL when the user is deleted; the name stays) and the hashes, as a JSON array (keys
+    sorted, no spaces, ASCII)."""
+    return (
+        f"[{int(seq)},{int(run_id)},{_JSON(interrupt_id)},{_JSON(kind)},"
+        f'{_JSON(actor_name)},{_JSON(_canonical(detail))},"{moment(at)}"]'
     ).encode()
+
+
+_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode
 
 
 def link(previous: str, body: bytes) -> str:
@@ -87,9 +93,9 @@ def chained(events: Sequence[Sequence[Any]], detail_of: Any) -> list[list[Any]]:
     seq, head, run_heads = store.lock_audit_chain(sorted({int(event[0]) for event in events}))
     rows = []
     for event in events:
-        run_id, interrupt_id, kind, actor_id, actor_name, detail, at = event
+        run_id, interrupt_id, kind, _actor_id, actor_name, detail, at = event
         seq += 1
-        body = content(seq, run_id, interrupt_id, kind, actor_id, actor_name, detail_of(detail), at)
+        body = content(seq, run_id, interrupt_id, kind, actor_name, detail_of(detail), at)
         head = link(head, body)
         run_heads[run_id] = link(run_heads.get(run_id, GENESIS), body)
         rows.append([*event, seq, head, run_heads[run_id]])
@@ -115,9 +121,12 @@ class Report:
             self.problems.append(problem)
 
 
-def _events(order: Sequence[str]) -> Iterator[RunEvent]:
-    """Every event, in ``order``, a chunk at a time (keyset: memory stays flat)."""
-    rows = RunEvent.objects.order_by(*order).only(
+def _events(order: Sequence[str], until: int | None) -> Iterator[RunEvent]:
+    """Every event up to place ``until``, in ``order``, a chunk at a time (memory stays flat)."""
+    rows = RunEvent.objects.order_by(*order)
+    if until is not None:
+        rows = rows.filter(seq__lte=until)
+    rows = rows.only(
         "id",
         "run_id",
         "interrupt_id",
@@ -135,29 +144,30 @@ def _events(order: Sequence[str]) -> Iterator[RunEvent]:
 
 def _body(event: RunEvent) -> bytes:
     return content(
-        event.seq or 0,
-        event.run_id,
-        event.interrupt_id,
-        event.kind,
-        event.actor_id,
-        event.actor_name,
-        event.detail,
-        event.at,
+        event.seq or 0, event.run_id, event.interrupt_id, event.kind, event.actor_name, event.detail, event.at
     )
 
 
-def verify() -> Report:
-    """Recompute both chains from the database; what does not fit, first things first."""
+def verify(heads: Sequence[tuple[int, str]] = ()) -> Report:
+    """Recompute both chains from the database; what does not fit, first things first.
+    ``heads``: (place, hash) pairs published before, as held outside the database (the log, a
+    webhook's receiver), checked as the database's own copies (AuditHead) are."""
     report = Report()
+    # The head first: events committed while this reads are newer than it, and not judged.
+    chain = AuditChain.objects.filter(pk=1).first()
+    until = chain.seq if chain is not None else None
     anchors = dict(AuditAnchor.objects.values_list("seq", "hash"))
     unplaced = (
         RunEvent.objects.filter(seq__isnull=True).order_by("id").values_list("id", flat=True)[:MAX_PROBLEMS]
     )
     for event_id in unplaced:
         report.add(f"event {event_id} has no place in the chain: it was inserted directly in the database")
+    published = [(head.seq, head.head, f"{head.at:%Y-%m-%d %H:%M} UTC") for head in AuditHead.objects.all()]
+    published += [(int(seq), str(value), "outside the database") for seq, value in heads]
+    wanted = {seq for seq, _, _ in published}
     previous, expected = GENESIS, 1
     hashes: dict[int, str] = {}
-    for event in _events(["seq"]):
+    for event in _events(["seq"], until):
         if event.seq is None:
             continue
         while expected < event.seq and expected in anchors:  # pruned: the anchor stands in
@@ -174,11 +184,11 @@ def verify() -> Report:
                 " hash: it was edited, or moved or inserted out of order"
             )
         previous, expected = event.hash, expected + 1
-        hashes[event.seq] = event.hash
+        if event.seq in wanted:
+            hashes[event.seq] = event.hash
         report.events += 1
-    while expected in anchors:
+    while expected in anchors and (until is None or expected <= until):
         previous, expected = anchors[expected], expected + 1
-    chain = AuditChain.objects.filter(pk=1).first()
     last = expected - 1
     report.seq, report.head = last, previous
     if chain is not None and (chain.seq, chain.head) != (last, previous):
@@ -186,20 +196,59 @@ def verify() -> Report:
             report.add(f"events {last + 1} to {chain.seq} of the chain are missing: the newest were deleted")
         else:
             report.add(f"the chain's head says place {chain.seq}, the log ends at {last}: it was changed")
-    for published in AuditHead.objects.order_by("seq"):
-        known = hashes.get(published.seq) or anchors.get(published.seq)
-        if published.seq and known != published.head:
+    for seq, head, where in sorted(published):
+        known = hashes.get(seq) or anchors.get(seq)
+        if seq and known != head:
             report.add(
-                f"the head published {published.at:%Y-%m-%d %H:%M} UTC (place {published.seq}) is not the"
-                " log's: the log was rewritten since"
+                f"the head published {where} (place {seq}) is not the log's: the log was rewritten since"
             )
-    _verify_runs(report)
+    _verify_runs(report, until)
     return report
 
 
-def _verify_runs(report: Report) -> None:
+def verify_archive(path: Any) -> list[str]:
+    """What of the anchors a prune left is not backed by its archive (prune_runs --archive): an
+    anchor is a pruned event only if the archive, held apart from the database, has the event
+    and its content still hashes to the anchor (someone who deleted runs and wrote anchors for
+    them directly in the database has no such archive)."""
+    import json as json_module
+    from pathlib import Path
+
+    anchors = dict(AuditAnchor.objects.values_list("seq", "hash"))
+    known = anchors | dict(
+        RunEvent.objects.filter(seq__in=[seq - 1 for seq in anchors]).values_list("seq", "hash")
+    )
+    backed: set[int] = set()
+    problems: list[str] = []
+    with Path(path).open() as archive:
+        for line in archive:
+            record = json_module.loads(line)
+            for event in record.get("events", []):
+                seq = event.get("seq")
+                if seq not in anchors:
+                    continue
+                body = content(
+                    seq, record["id"], event.get("interrupt"), event["kind"], event["actor"], event["detail"],
+                    datetime.fromisoformat(event["at"]),
+                )  # fmt: skip
+                if (
+                    event.get("hash") != anchors[seq]
+                    or link(known.get(seq - 1, GENESIS), body) != anchors[seq]
+                ):
+                    problems.append(f"the archive's event at place {seq} does not hash to its anchor")
+                backed.add(seq)
+    missing = sorted(set(anchors) - backed)
+    if missing:
+        problems.append(
+            f"{len(missing)} anchor(s) have no event in the archive (the first at place {missing[0]}):"
+            " written without a prune, or the archive is not this log's"
+        )
+    return problems
+
+
+def _verify_runs(report: Report, until: int | None) -> None:
     run_id, previous = None, GENESIS
-    for event in _events(["run_id", "seq"]):
+    for event in _events(["run_id", "seq"], until):
         if event.seq is None:
             continue
         if event.run_id != run_id:
@@ -212,9 +261,15 @@ def _verify_runs(report: Report) -> None:
         previous = event.run_hash  # go on from what the event says: each break is told once
 
 
-def check(*, by: str = "verify_audit") -> AuditCheck:
-    """Verify, and record how it went (the history page shows the last one)."""
-    report = verify()
+def check(
+    *, by: str = "verify_audit", heads: Sequence[tuple[int, str]] = (), archives: Sequence[Any] = ()
+) -> AuditCheck:
+    """Verify (against ``heads`` held outside the database, and the prunes' ``archives`` too),
+    and record how it went (the history page shows the last one)."""
+    report = verify(heads)
+    for archive in archives:
+        for problem in verify_archive(archive):
+            report.add(f"{archive}: {problem}")
     if report.ok:
         logger.info(
             "audit chain verified by %s: %s events, head %s at %s", by, report.events, report.head, report.seq

@@ -295,13 +295,14 @@ def interrupts_matching(text: str) -> RawSQL | None:
     """The ids of the interrupts whose search document (message, data, answer, reason,
     comments, the run's input: kept by triggers, migration 0015) holds every word of ``text``,
     as a subquery; None when ``text`` has no word to look for."""
+    text = text.replace("\x00", " ")
     if _db().vendor == "postgresql":
         return RawSQL(
             "SELECT interrupt_id FROM actions_interrupt_search"
             " WHERE document @@ websearch_to_tsquery('simple', %s)",
             [text],
         )
-    words = [word for word in text.replace("\x00", " ").split() if any(ch.isalnum() for ch in word)]
+    words = [word for word in text.split() if any(ch.isalnum() for ch in word)]
     if not words:
         return None
     # Each word a phrase (quoted): FTS5's own syntax (AND, NEAR, column:) is not the user's.
@@ -311,22 +312,27 @@ def interrupts_matching(text: str) -> RawSQL | None:
     )
 
 
-def lock_audit_chain(run_ids: Sequence[int]) -> tuple[int, str, dict[int, str]]:
-    """The audit chain's place and head, its row locked until the transaction ends (SQLite's
-    IMMEDIATE transaction holds the whole database already), and each run's newest run_hash
-    (a run with no event yet is absent): one statement. The head moves on with each event
-    inserted (a trigger, migration 0015)."""
+@cache
+def _chain_query(runs: int, vendor: str) -> str:
     newest = sql(
         "(SELECT e.{RunEvent.run_hash} FROM {RunEvent} e WHERE e.{RunEvent.run} = %s"
         " ORDER BY e.{RunEvent.seq} DESC LIMIT 1)"
     )
     lock = " FOR UPDATE" if _db().features.has_select_for_update else ""
-    query = (
+    return (
         sql("SELECT {AuditChain.seq}, {AuditChain.head}")
-        + "".join(f", {newest}" for _ in run_ids)
+        + "".join(f", {newest}" for _ in range(runs))
         + sql(" FROM {AuditChain} WHERE {AuditChain.id} = 1")
         + lock
     )
+
+
+def lock_audit_chain(run_ids: Sequence[int]) -> tuple[int, str, dict[int, str]]:
+    """The audit chain's place and head, its row locked until the transaction ends (SQLite's
+    IMMEDIATE transaction holds the whole database already), and each run's newest run_hash
+    (a run with no event yet is absent): one statement. The head moves on with each event
+    inserted (a trigger, migration 0015)."""
+    query = _chain_query(len(run_ids), _db().vendor)
     with _cursor(_db()) as cursor:
         cursor.execute(query, list(run_ids))
         row = cursor.fetchone()

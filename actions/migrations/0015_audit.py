@@ -18,7 +18,7 @@ def chain_existing_events(apps, schema_editor):
     for event in RunEvent.objects.order_by("id").iterator(chunk_size=5000):
         seq += 1
         body = content(
-            seq, event.run_id, event.interrupt_id, event.kind, event.actor_id, event.actor_name, event.detail, event.at
+            seq, event.run_id, event.interrupt_id, event.kind, event.actor_name, event.detail, event.at
         )
         head = link(head, body)
         run_heads[event.run_id] = link(run_heads.get(event.run_id, GENESIS), body)
@@ -112,17 +112,33 @@ POSTGRESQL_SEARCH = [
         document tsvector NOT NULL
     )""",
     "CREATE INDEX actions_interrupt_search_document ON actions_interrupt_search USING GIN (document)",
-    """CREATE FUNCTION grundlag_index_interrupt(target bigint) RETURNS void LANGUAGE sql AS $$
-        INSERT INTO actions_interrupt_search (interrupt_id, document)
-        SELECT i.id,
-            to_tsvector('simple', i.message || ' ' || i.reason)
-            || jsonb_to_tsvector('simple', COALESCE(i.data, '{}'::jsonb), '["string", "numeric"]')
-            || jsonb_to_tsvector('simple', COALESCE(i.answer, '{}'::jsonb), '["string", "numeric"]')
-            || jsonb_to_tsvector('simple', COALESCE(r.input, '{}'::jsonb), '["string", "numeric"]')
-            || to_tsvector('simple', COALESCE(
-                (SELECT string_agg(c.body, ' ') FROM actions_comment c WHERE c.interrupt_id = i.id), ''))
-        FROM actions_interrupt i JOIN actions_run r ON r.id = i.run_id WHERE i.id = target
-        ON CONFLICT (interrupt_id) DO UPDATE SET document = excluded.document
+    # A document over PostgreSQL's tsvector limit (1 MB: the payloads and a long discussion)
+    # is indexed from its first 200,000 characters instead of failing the write.
+    """CREATE FUNCTION grundlag_index_interrupt(target bigint) RETURNS void LANGUAGE plpgsql AS $$
+    DECLARE
+        document tsvector;
+    BEGIN
+        BEGIN
+            SELECT to_tsvector('simple', i.message || ' ' || i.reason)
+                || jsonb_to_tsvector('simple', COALESCE(i.data, '{}'::jsonb), '["string", "numeric"]')
+                || jsonb_to_tsvector('simple', COALESCE(i.answer, '{}'::jsonb), '["string", "numeric"]')
+                || jsonb_to_tsvector('simple', COALESCE(r.input, '{}'::jsonb), '["string", "numeric"]')
+                || to_tsvector('simple', COALESCE(
+                    (SELECT string_agg(c.body, ' ') FROM actions_comment c WHERE c.interrupt_id = i.id), ''))
+            INTO document
+            FROM actions_interrupt i JOIN actions_run r ON r.id = i.run_id WHERE i.id = target;
+        EXCEPTION WHEN program_limit_exceeded THEN
+            SELECT to_tsvector('simple', left(concat_ws(' ', i.message, i.reason, i.data::text, i.answer::text,
+                r.input::text, (SELECT string_agg(c.body, ' ') FROM actions_comment c WHERE c.interrupt_id = i.id)),
+                200000))
+            INTO document
+            FROM actions_interrupt i JOIN actions_run r ON r.id = i.run_id WHERE i.id = target;
+        END;
+        IF document IS NOT NULL THEN
+            INSERT INTO actions_interrupt_search (interrupt_id, document) VALUES (target, document)
+            ON CONFLICT (interrupt_id) DO UPDATE SET document = excluded.document;
+        END IF;
+    END
     $$""",
     """CREATE FUNCTION grundlag_index_interrupt_row() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN

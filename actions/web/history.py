@@ -73,9 +73,8 @@ def filtered(params: Any, teams: list[int] | None = None) -> tuple[QuerySet[Inte
         interrupts = interrupts.filter(decided_by_name=applied["decided_by"])
     run = applied["run"].lstrip("#")
     if run:
-        interrupts = (
-            interrupts.filter(run_id=int(run)) if run.isdigit() and len(run) < 19 else interrupts.none()
-        )
+        valid = run.isascii() and run.isdigit() and len(run) < 19
+        interrupts = interrupts.filter(run_id=int(run)) if valid else interrupts.none()
     since, until = _date(applied["since"]), _date(applied["until"])
     # A date that is not one (2024-02-30) filters nothing, and the form shows it empty.
     applied["since"], applied["until"] = (str(since) if since else ""), (str(until) if until else "")
@@ -335,6 +334,11 @@ EVENT_COLUMNS = [
 ]  # fmt: skip
 
 
+# Columns that hold a JSON value, written as JSON in a CSV cell whatever it is (an answer may
+# be true, or a string): empty when there is none.
+JSON_COLUMNS = frozenset({"data", "answer", "edited_arguments", "detail"})
+
+
 def neutralise(value: Any) -> Any:
     if isinstance(value, str) and value.startswith(FORMULA_PREFIXES):
         return "'" + value
@@ -400,8 +404,8 @@ def _lines(records: Iterator[dict[str, Any]], columns: list[str], fmt: str) -> I
     yield writer.writerow(columns)
     for record in records:
         yield writer.writerow(
-            neutralise(_json(value) if isinstance(value, dict | list) else "" if value is None else value)
-            for value in (record[column] for column in columns)
+            neutralise(_json(value) if column in JSON_COLUMNS else "" if value is None else value)
+            for column, value in ((column, record[column]) for column in columns)
         )
 
 
@@ -411,12 +415,23 @@ def _interrupt_records(interrupts: QuerySet[Interrupt]) -> Iterator[dict[str, An
         yield interrupt_record(it)
 
 
-def _event_records(interrupts: QuerySet[Interrupt]) -> Iterator[dict[str, Any]]:
+def _event_records(interrupts: QuerySet[Interrupt], scope: list[int] | None) -> Iterator[dict[str, Any]]:
+    """The events of the interrupts' runs. A member's (``scope``: their teams) are those of the
+    interrupts they may read and their own teams' runs' own events, without an error's text
+    (kept for staff): not a pending question, nor what another team was asked."""
     teams = dict(Team.objects.values_list("pk", "slug"))
     runs = interrupts.order_by().values("run_id")
-    events = RunEvent.objects.filter(run_id__in=runs).select_related("run").order_by("run_id", "seq", "id")
-    for event in events.iterator(chunk_size=2000):
-        yield event_record(event, teams)
+    events = RunEvent.objects.filter(run_id__in=runs)
+    if scope is not None:
+        events = events.filter(
+            Q(interrupt_id__in=interrupts.order_by().values("pk"))
+            | Q(interrupt__isnull=True, run__team__in=scope)
+        )
+    for event in events.select_related("run").order_by("run_id", "seq", "id").iterator(chunk_size=2000):
+        record = event_record(event, teams)
+        if scope is not None and event.kind == RunEvent.Kind.ERROR:
+            record["detail"] = {}
+        yield record
 
 
 def _export(request: HttpRequest, what: str, fmt: str) -> HttpResponseBase:
@@ -437,7 +452,7 @@ def _export(request: HttpRequest, what: str, fmt: str) -> HttpResponseBase:
         | ({} if teams is None else {"teams": teams}),
     )
     if what == "events":
-        lines = _lines(_event_records(interrupts), EVENT_COLUMNS, fmt)
+        lines = _lines(_event_records(interrupts, teams), EVENT_COLUMNS, fmt)
     else:
         lines = _lines(_interrupt_records(interrupts), INTERRUPT_COLUMNS, fmt)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")

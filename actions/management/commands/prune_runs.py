@@ -52,13 +52,16 @@ class Command(BaseCommand):
             while ids := list(old.values_list("pk", flat=True)[:BATCH]):
                 with transaction.atomic():
                     # Re-checked inside the transaction: only runs that are still finished go.
-                    batch = Run.objects.filter(pk__in=ids, status__in=Run.FINISHED)
+                    # Locked: no event (a late comment) slips in between its anchors and the delete.
+                    finished = Run.objects.select_for_update().filter(pk__in=ids, status__in=Run.FINISHED)
+                    locked = list(finished.values_list("pk", flat=True))
+                    batch = Run.objects.filter(pk__in=locked)
                     # The events' places and hashes stay: what remains of the chain verifies.
-                    audit.anchor(list(batch.values_list("pk", flat=True)))
+                    audit.anchor(locked)
                     if archive is not None:
                         for run in batch.prefetch_related("interrupts", "events"):
                             archive.write(json.dumps(_as_record(run), cls=DjangoJSONEncoder) + "\n")
-                    deleted += len(ids)
+                    deleted += len(locked)
                     batch.delete()
         finally:
             if archive is not None:
