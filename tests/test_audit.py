@@ -283,7 +283,7 @@ def test_a_head_held_outside_catches_a_rewrite_of_the_log_and_its_published_head
     finished_run(team, reviewer, "O-1")
     last = RunEvent.objects.order_by("-seq").first()
     assert last is not None
-    outside = (last.seq, last.hash)  # as a webhook receiver got it
+    outside = (int(last.seq or 0), last.hash)  # as a webhook receiver got it
     sql("UPDATE actions_runevent SET actor_name = 'someone else' WHERE id = %s", last.pk)
     head = "0" * 64
     for event in RunEvent.objects.order_by("seq"):
@@ -324,7 +324,7 @@ def test_anchors_written_without_a_prune_are_not_backed_by_its_archive(
     assert verify_audit_with("--archive", str(archive))[0] == 0
     # Someone deletes a run and writes anchors for its events, as a prune would have.
     for seq, hash_ in RunEvent.objects.filter(run=hidden).values_list("seq", "hash"):
-        AuditAnchor.objects.create(seq=seq, run_id=hidden.pk, hash=hash_)
+        AuditAnchor.objects.create(seq=int(seq or 0), run_id=hidden.pk, hash=hash_)
     sql("DELETE FROM actions_runevent WHERE run_id = %s", hidden.pk)
     assert audit.verify().ok, "the chains alone take the anchors at their word"
     code, said = verify_audit_with("--archive", str(archive))
