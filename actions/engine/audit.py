@@ -62,7 +62,7 @@ def _key(key: Any) -> str:
 
 def moment(at: datetime) -> str:
     """A moment as the hashes cover it (UTC, to the microsecond)."""
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return at.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def content(
