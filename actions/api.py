@@ -29,7 +29,7 @@ from actions import engine
 from actions.core import UnknownAction, registry
 from actions.drivers.agent import ModelError, start_agent
 from actions.drivers.sandbox import SandboxUnavailable, start_script
-from actions.models import ApiToken, Interrupt, Run, Webhook, WebhookEvent, actor_name
+from actions.models import ApiToken, AuditExport, Interrupt, Run, Webhook, WebhookEvent, actor_name
 from actions.notify import webhook
 from actions.web import waiting
 from actions.web.middleware import UNAVAILABLE
@@ -531,10 +531,20 @@ def read_history(
         "since": since, "until": until, "team": team,
     }  # fmt: skip
     try:
-        interrupts, _ = history.filtered(params, [token.team_id])
+        interrupts, applied = history.filtered(params, [token.team_id])
     except history.Refused as exc:
         raise HttpError(403, str(exc)) from None
     rows, next_cursor = history.page(interrupts.annotate(comment_count=Count("comments")), after)
+    # Read through the API, the history is exported like any other time: recorded.
+    AuditExport.objects.create(
+        user=None,
+        user_name=actor_name(token),
+        what="interrupts",
+        format="api",
+        filters={key: value for key, value in applied.items() if value}
+        | {"teams": [token.team_id]}
+        | ({"after": after} if after else {}),
+    )
     return {"items": [history.interrupt_record(it) for it in rows], "next": next_cursor}
 
 

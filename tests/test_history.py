@@ -86,6 +86,13 @@ def test_a_member_reads_their_own_teams_decided_history_only(
     assert refused.status_code == 403 and "own team" in refused.json()["detail"]
     other = client.get("/api/history", headers={"Authorization": f"Bearer {other_token_key}"}).json()
     assert {item["team"] for item in other["items"]} == {"payroll"}
+    from actions.models import AuditExport
+
+    read = AuditExport.objects.filter(format="api").order_by("at", "id")
+    assert [(export.user_name, export.filters.get("teams")) for export in read] == [
+        ("API token ci", [team.pk]),
+        ("API token payroll-ci", [other_team.pk]),
+    ], "each read through the API is recorded, as an export is"
 
 
 def test_history_pages_by_keyset_with_a_fixed_number_of_queries(
