@@ -273,3 +273,19 @@ async def test_inbox_sockets_hear_interrupts_but_only_run_pages_hear_run_steps(
     assert await events(stranger) == []
     for communicator in (inbox, run_page, stranger):
         await communicator.disconnect()
+
+
+async def test_each_recheck_says_where_the_users_team_streams_are(
+    team: Team, reviewer: User, settings: Any
+) -> None:
+    """What a page checks its list against: a push lost on the way (a Redis restart) shows as
+    a list behind these numbers, though nothing comes after it."""
+    settings.GRUNDLAG_SOCKET_RECHECK_SECONDS = 1
+    _, cookie = await session_cookie(reviewer)
+    communicator = await connect_with_session(cookie)  # its hello said
+    interrupt = await start_invoice(team)
+    frames = await frames_until(communicator, "interrupt")
+    frames += await frames_until(communicator, "stream")
+    (pushed,) = [frame for frame in frames if frame.get("interrupt_id") == interrupt.pk]
+    assert frames[-1] == {"event": "stream", "streams": {str(team.pk): pushed["seq"][str(team.pk)]}}
+    await communicator.disconnect()

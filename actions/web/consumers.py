@@ -18,7 +18,7 @@ from django.conf import settings
 from django.contrib.auth import SESSION_KEY, get_user_model
 
 from actions import metrics
-from actions.models import Run, Team
+from actions.models import InboxStream, Run, Team
 from actions.web import live
 
 logger = logging.getLogger(__name__)
@@ -122,6 +122,10 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"event": "watching", "run_id": None})
         if changed:
             await self.send_json({"event": "hello", "teams": len(groups)})
+        else:
+            # The teams' stream numbers now: a page whose list is behind them lost a frame with
+            # nothing after it to show the gap (a push lost in a Redis restart), and fetches it.
+            await self.send_json({"event": "stream", "streams": await self.team_streams()})
         return True
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -178,6 +182,11 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
     def team_groups(self) -> list[str]:
         teams = Team.objects.filter(members=self.scope["user"]).values_list("pk", flat=True)
         return sorted(live.team_group(pk) for pk in teams)
+
+    @database_sync_to_async
+    def team_streams(self) -> dict[str, int]:
+        rows = InboxStream.objects.filter(team__members=self.scope["user"]).values_list("team_id", "seq")
+        return {str(team_id): int(seq) for team_id, seq in rows}
 
     @database_sync_to_async
     def may_see_run(self, run_id: int) -> bool:

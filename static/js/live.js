@@ -169,6 +169,26 @@
     }
   }
 
+  // Now and then the server says where the streams are. A list still behind them a moment later
+  // (a frame may be on its way) lost a frame that nothing after it would have shown: fetched
+  // again.
+  function behind(el, streams) {
+    if (inbox.last === null) { return false; }
+    var mine = (el.dataset.teams || "").split(",");
+    for (var team in streams) {
+      if (Object.prototype.hasOwnProperty.call(streams, team) && mine.indexOf(team) >= 0 &&
+          streams[team] > (inbox.last[team] || 0)) { return true; }
+    }
+    return false;
+  }
+
+  function checkStreams(el, streams) {
+    if (!behind(el, streams)) { return; }
+    setTimeout(function () {
+      if (!inbox.loading && behind(el, streams)) { refetch(section() || el); }
+    }, GAP_WAIT_MS * 2);
+  }
+
   function apply(el, frame) {
     var mine = (el.dataset.teams || "").split(",");
     for (var team in frame.seq) {
@@ -292,6 +312,7 @@
     var el = section();
     if (el && detail.event === "hello") { refetch(el); }
     if (el && detail.seq) { accept(el, detail); }
+    if (el && detail.event === "stream") { checkStreams(el, detail.streams || {}); }
     htmx.trigger(document.body, "grundlag:changed", detail);
     if (detail.event === "hello") { htmx.trigger(document.body, "grundlag:hello", detail); }
     if (detail.interrupt_id) { htmx.trigger(document.body, "grundlag:interrupt-" + detail.interrupt_id, detail); }

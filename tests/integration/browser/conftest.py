@@ -59,13 +59,13 @@ def collect_dialogs(page: Page) -> list[str]:
     return dialogs
 
 
-def start_invoice(server: Server, token: str, invoice_id: str) -> int:
+def start_invoice(server: Server, token: str, invoice_id: str, wait: int = 20) -> int:
     """Start a run of send_invoice through the API, waiting until it has paused; its interrupt."""
     with server.client(token) as api:
         run = api.post(
             "/api/runs",
             json={"action": "send_invoice", "input": {"invoice_id": invoice_id, "amount": 1}},
-            headers={"Prefer": "wait=20"},
+            headers={"Prefer": f"wait={wait}"},
         ).json()
     assert run["status"] == "interrupted", run
     return int(run["interrupt"]["id"])
