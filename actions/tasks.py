@@ -67,13 +67,7 @@ def notify_round() -> int:
     """The periodic round: fan out what no commit's dispatch did, send what is due."""
     from actions import notify
 
-    try:
-        notify.dispatch_missed()
-    finally:
-        # Retries and digests go out even when fanning out failed (the exception is still
-        # raised, for the worker's log).
-        sent = notify.deliver_due()
-    return sent
+    return notify.periodic_round()
 
 
 @shared_task(name="actions.tasks.audit_daily")

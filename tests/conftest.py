@@ -24,6 +24,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from actions.models import ApiToken, Team
 from grundlag_site.celery import app as celery_app
 from tests import recorded
+from tests.webhook_receiver import Receiver
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -138,6 +139,15 @@ def database(request: pytest.FixtureRequest) -> Iterator[str]:
         waiting.stop_listening()  # its connection would keep the test database from being dropped
         connections[DEFAULT_DB_ALIAS] = default
         connections.settings[DEFAULT_DB_ALIAS] = default_settings
+
+
+# A webhook endpoint on 127.0.0.1 (tests/webhook_receiver.py), allowed as a private address.
+@pytest.fixture
+def receiver(settings: Any) -> Iterator[Receiver]:
+    settings.GRUNDLAG_WEBHOOK_ALLOW_PRIVATE = True  # it listens on 127.0.0.1
+    receiver = Receiver()
+    yield receiver
+    receiver.stop()
 
 
 # Users and teams

@@ -7,10 +7,8 @@ import importlib
 import os
 import signal
 import sys
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -26,14 +24,6 @@ from tests.test_webhooks import registered
 from tests.webhook_receiver import Receiver
 
 dispatch = importlib.import_module("actions.notify.dispatch")  # the module, not the function
-
-
-@pytest.fixture
-def receiver(settings: Any) -> Iterator[Receiver]:
-    settings.GRUNDLAG_WEBHOOK_ALLOW_PRIVATE = True  # it listens on 127.0.0.1
-    receiver = Receiver()
-    yield receiver
-    receiver.stop()
 
 
 def told_runs(receiver: Receiver, secret: str) -> list[int]:

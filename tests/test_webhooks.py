@@ -4,7 +4,6 @@ with the `standardwebhooks` package, as a calling application would."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -19,14 +18,6 @@ from actions.models import DeliveryAttempt, Interrupt, Notification, Run, RunEve
 from tests.webhook_receiver import Receiver
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps")]
-
-
-@pytest.fixture
-def receiver(settings: Any) -> Iterator[Receiver]:
-    settings.GRUNDLAG_WEBHOOK_ALLOW_PRIVATE = True  # it listens on 127.0.0.1
-    receiver = Receiver()
-    yield receiver
-    receiver.stop()
 
 
 def post(client: Client, key: str, path: str, body: Any) -> Any:

@@ -12,7 +12,14 @@ with a personal decision link: ``links``), ``slack`` (slack-sdk; its buttons com
 actions.web.slack)."""
 
 from actions.notify.delivery import deliver, deliver_due, deliver_in, redeliver
-from actions.notify.dispatch import dispatch, dispatch_missed, dispatch_soon, on_discussed, on_run_changed
+from actions.notify.dispatch import (
+    dispatch,
+    dispatch_missed,
+    dispatch_soon,
+    on_discussed,
+    on_run_changed,
+    periodic_round,
+)
 
 __all__ = [
     "deliver",
@@ -23,5 +30,6 @@ __all__ = [
     "dispatch_soon",
     "on_discussed",
     "on_run_changed",
+    "periodic_round",
     "redeliver",
 ]

@@ -338,6 +338,20 @@ class MissedEvents:
 dispatch_missed = MissedEvents()
 
 
+def periodic_round() -> int:
+    """Every few seconds, wherever notifications are sent (Celery beat's task, the embedded
+    notifier, the server without one): fan out what no commit's dispatch did, then send what
+    is due (new ones missed, retries, digests), whatever became of the fanning out; how many
+    were handed to their senders."""
+    from actions.notify.delivery import deliver_due
+
+    try:
+        dispatch_missed()
+    except Exception:
+        logger.exception("fanning out missed events failed; the next round tries again")
+    return deliver_due()
+
+
 # After a commit that logged something worth telling, the dispatcher runs soon, once however
 # many commits asked for it meanwhile, for the runs they changed.
 _soon = threading.Lock()

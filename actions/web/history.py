@@ -135,16 +135,20 @@ class DecisionTimes:
     p90: float
 
 
-def decision_times(interrupts: QuerySet[Interrupt], key: str, days: int) -> list[DecisionTimes]:
-    """Median and 90th percentile of seconds from pause to decision, per team or per action."""
+def _decided_in(interrupts: QuerySet[Interrupt], days: int) -> QuerySet[Interrupt]:
+    """Those asked in the last ``days`` and decided by someone or something, unordered."""
     since = timezone.now() - timedelta(days=days)
-    field = "team__name" if key == "team" else "action"
-    rows = (
+    return (
         interrupts.filter(decided_at__isnull=False, created_at__gte=since)
         .exclude(decided_by_name="")
         .order_by()
-        .values_list(field, "created_at", "decided_at")
     )
+
+
+def decision_times(interrupts: QuerySet[Interrupt], key: str, days: int) -> list[DecisionTimes]:
+    """Median and 90th percentile of seconds from pause to decision, per team or per action."""
+    field = "team__name" if key == "team" else "action"
+    rows = _decided_in(interrupts, days).values_list(field, "created_at", "decided_at")
     seconds: dict[str, list[float]] = defaultdict(list)
     for label, created, decided in rows.iterator(chunk_size=5000):
         seconds[label].append(max((decided - created).total_seconds(), 0.0))
@@ -194,12 +198,9 @@ class Reviewer:
 def reviewers(interrupts: QuerySet[Interrupt], days: int) -> list[Reviewer]:
     """Per person who decided in the period: how many, the median time to decision, and the
     share rejected (decisions by a deadline or a policy are nobody's)."""
-    since = timezone.now() - timedelta(days=days)
     rows = (
-        interrupts.filter(decided_at__isnull=False, created_at__gte=since)
-        .exclude(decided_by_name="")
+        _decided_in(interrupts, days)
         .exclude(decided_via__in=["deadline", "policy"])
-        .order_by()
         .values_list("decided_by_name", "status", "created_at", "decided_at")
     )
     seconds: dict[str, list[float]] = defaultdict(list)

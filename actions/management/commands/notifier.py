@@ -10,7 +10,6 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -87,16 +86,10 @@ def look_at_everything(stop: threading.Event) -> None:
     """At once (what a notifier before this one left), then every GRUNDLAG_SWEEP_SECONDS."""
     while True:
         close_old_connections()
-        # Each apart: an event that cannot be fanned out must not hold up the retries.
-        rounds: tuple[tuple[str, Callable[[], int]], ...] = (
-            ("fanning out", notify.dispatch_missed),
-            ("delivering what is due", notify.deliver_due),
-        )
-        for what, work in rounds:
-            try:
-                work()
-            except Exception:
-                logger.exception("the notifier's periodic round failed %s", what)
+        try:
+            notify.periodic_round()
+        except Exception:
+            logger.exception("the notifier's periodic round failed")
         close_old_connections()
         if stop.wait(settings.GRUNDLAG_SWEEP_SECONDS):
             return

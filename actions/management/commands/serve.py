@@ -99,10 +99,7 @@ def run_periodic_tick(*, sweep: bool, policies: bool = True) -> None:
             if (notifier := process.current) is not None:
                 notifier.ping()  # started again, should it have died; it does its own rounds
             else:
-                try:
-                    notify.dispatch_missed()
-                finally:
-                    notify.deliver_due()
+                notify.periodic_round()
     except Exception:
         logger.exception("periodic engine work failed")
     finally:
