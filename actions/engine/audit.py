@@ -84,9 +84,11 @@ def link(previous: str, body: bytes) -> str:
     return hashlib.sha256(previous.encode() + body).hexdigest()
 
 
-def chained(events: Sequence[Sequence[Any]], detail_of: Any) -> list[list[Any]]:
-    """The events (run_id, interrupt_id, kind, actor_id, actor_name, detail, at), each with its
-    seq, hash and run_hash appended. In the caller's transaction, which must end soon: the
+def chained(events: Sequence[Sequence[Any]]) -> list[list[Any]]:
+    """The events (run_id, interrupt_id, kind, actor_id, actor_name, detail, at; the detail a
+    store.Json), each with its seq, hash and run_hash appended. What the JSON column will give
+    back of a detail differently (an integral float, a tuple, a key that is not a string) the
+    canonical form makes the same. In the caller's transaction, which must end soon: the
     chain's head row stays locked until it does (inserting them moves it on)."""
     from actions.engine import store
 
@@ -95,7 +97,7 @@ def chained(events: Sequence[Sequence[Any]], detail_of: Any) -> list[list[Any]]:
     for event in events:
         run_id, interrupt_id, kind, _actor_id, actor_name, detail, at = event
         seq += 1
-        body = content(seq, run_id, interrupt_id, kind, actor_name, detail_of(detail), at)
+        body = content(seq, run_id, interrupt_id, kind, actor_name, detail.value, at)
         head = link(head, body)
         run_heads[run_id] = link(run_heads.get(run_id, GENESIS), body)
         rows.append([*event, seq, head, run_heads[run_id]])

@@ -270,15 +270,8 @@ def insert_events(events: Sequence[Sequence[Any]]) -> None:
         return
     from actions.engine import audit
 
-    connection = _db()
-
-    def detail_of(value: Json) -> Any:
-        # What the JSON column gives back; what differs (an integral float, a tuple, a key
-        # that is not a string) the hash's canonical form makes the same (audit._canonical).
-        return value.value
-
-    with nullcontext() if connection.in_atomic_block else transaction.atomic():
-        rows = audit.chained(events, detail_of)
+    with nullcontext() if _db().in_atomic_block else transaction.atomic():
+        rows = audit.chained(events)
         row = "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
         execute(
             sql(

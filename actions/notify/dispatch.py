@@ -397,14 +397,6 @@ def on_run_changed(sender: Any = None, *, run_id: int, finished: bool = False, *
         dispatch_soon(run_id=run_id)
 
 
-def runs_here() -> bool:
-    """Whether this process fans events out itself: the embedded notifier does; in the scaled
-    setup the workers do (the `notify` queue), not the web process that committed the change."""
-    from actions.notify import delivery
-
-    return delivery.delivers_here()
-
-
 def _send(runs: list[int] | None) -> None:
     from actions.tasks import dispatch_events
 
@@ -415,6 +407,8 @@ def _send(runs: list[int] | None) -> None:
 
 
 def _dispatch_wanted() -> None:
+    from actions.notify import delivery
+
     while _wanted.is_set():
         if not _soon.acquire(blocking=False):
             return  # one is running; it sees _wanted set, and goes round again
@@ -425,7 +419,9 @@ def _dispatch_wanted() -> None:
                     runs = set(_wanted_runs)
                     _wanted_runs.clear()
                 wanted = None if EVERY_RUN in runs else sorted(runs)
-                if runs_here():
+                # The embedded notifier fans out itself; in the scaled setup the workers do (the
+                # `notify` queue), not the web process that committed the change.
+                if delivery.delivers_here():
                     dispatch(wanted)
                 else:
                     _send(wanted)
