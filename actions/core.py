@@ -14,11 +14,13 @@ import concurrent.futures
 import inspect
 import json
 import math
+import re
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar, TypeAlias
 
+import cel
 from pydantic import BaseModel, ValidationError
 
 __all__ = [
@@ -28,12 +30,20 @@ __all__ = [
     "ActionInterrupt",
     "ActionResumption",
     "ApprovalPolicy",
+    "Approve",
+    "AssignTo",
+    "ConditionError",
     "Completed",
     "Failed",
     "Interrupted",
     "Outcome",
+    "Reject",
+    "RequireApprovals",
+    "RouteTo",
+    "Rule",
     "UnknownAction",
     "action",
+    "compile_condition",
     "invoke",
     "json_problem",
     "registry",
@@ -148,6 +158,137 @@ class ActionContext:
 Execute: TypeAlias = Callable[[ActionContext], Any] | Callable[[ActionContext], Awaitable[Any]]
 
 
+# Rules: what a machine may decide for the team. A condition is CEL (common-expression-language)
+# over what is asked; it is compiled once, where it is declared or saved.
+
+CONDITION_VARIABLES = ("data", "input", "action", "team", "requester")
+MAX_CONDITION_CHARS = 2000
+_WHERE = re.compile(r"<input>:(\d+):(\d+)")
+
+
+class ConditionError(ValueError):
+    """A condition that is not CEL, or names what a rule cannot see; says where."""
+
+    def __init__(
+        self, message: str, line: int | None = None, column: int | None = None, *, subject: str = ""
+    ) -> None:
+        where = f"line {line}, column {column}: " if line is not None else ""
+        super().__init__(f"{subject}{where}{message}")
+        self.reason, self.line, self.column = message, line, column
+
+
+def compile_condition(text: str) -> cel.Program:
+    """The compiled condition, or ConditionError naming the line and column of the mistake.
+    A condition reads ``data`` (what the interrupt asks), ``input`` (what the paused call was
+    given), ``action``, ``team`` (its slug) and ``requester`` (who started the run): another
+    name is refused here rather than failing each time a rule is evaluated."""
+    if not text or not text.strip():
+        raise ConditionError("the condition is empty")
+    if len(text) > MAX_CONDITION_CHARS:
+        raise ConditionError(f"the condition is longer than {MAX_CONDITION_CHARS} characters")
+    if "\x00" in text:
+        raise ConditionError("the condition contains a NUL character")
+    try:
+        program = cel.compile(text)
+    except ValueError as exc:
+        detail = str(exc)
+        found = _WHERE.search(detail)
+        reason = detail.split("Syntax error: ", 1)[-1].split("\n", 1)[0].split(" expecting ", 1)[0]
+        reason = reason.replace("mismatched input '<EOF>'", "the condition ends too early")
+        if found:
+            raise ConditionError(reason, int(found[1]), int(found[2])) from None
+        raise ConditionError(reason) from None
+    probe = dict.fromkeys(CONDITION_VARIABLES)
+    try:
+        program.execute(cel.Context(probe))
+    except RuntimeError as exc:
+        # Undefined variable or function: the only error that does not depend on the values.
+        if "Undefined" in str(exc):
+            raise ConditionError(
+                f"{str(exc).split('. ', 1)[0]}; a condition can read {', '.join(CONDITION_VARIABLES)}"
+            ) from None
+    except Exception:  # noqa: BLE001, S110 - any other error depends on the values: fine here
+        pass
+    return program
+
+
+@dataclass(frozen=True)
+class Approve:
+    """Approve with ``answer`` (None: as the plain approve form does, {"approved": true})."""
+
+    answer: Any = None
+
+    def describe(self) -> str:
+        return "approve" if self.answer is None else f"approve with {json.dumps(self.answer)}"
+
+
+@dataclass(frozen=True)
+class Reject:
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not self.reason or not self.reason.strip():
+            raise ValueError("a rule that rejects must give a reason")
+
+    def describe(self) -> str:
+        return f"reject: {self.reason}"
+
+
+@dataclass(frozen=True)
+class RequireApprovals:
+    count: int
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError("a rule must require at least 1 approval")
+
+    def describe(self) -> str:
+        return f"require {self.count} approvals"
+
+
+@dataclass(frozen=True)
+class AssignTo:
+    users: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.users:
+            raise ValueError("a rule that assigns must name at least one user")
+
+    def describe(self) -> str:
+        return f"assign to {', '.join(self.users)}"
+
+
+@dataclass(frozen=True)
+class RouteTo:
+    team: str
+
+    def describe(self) -> str:
+        return f"route to {self.team}"
+
+
+RuleOutcome: TypeAlias = Approve | Reject | RequireApprovals | AssignTo | RouteTo
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``then`` for every interrupt of the action whose ``when`` (CEL) is true. Compiled here:
+    a condition that is not CEL is refused where it is declared, naming the position."""
+
+    name: str
+    when: str
+    then: RuleOutcome
+    program: cel.Program = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.strip():
+            raise ValueError("a rule needs a name")
+        try:
+            program = compile_condition(self.when)
+        except ConditionError as exc:
+            raise ConditionError(exc.reason, exc.line, exc.column, subject=f"rule {self.name!r}: ") from None
+        object.__setattr__(self, "program", program)
+
+
 @dataclass(frozen=True)
 class ApprovalPolicy:
     """How the pauses of an action are decided. A team may override it (admin: Policies)."""
@@ -166,8 +307,16 @@ class ApprovalPolicy:
     # False: whoever started the run may not approve its pauses (separation of duties). On by
     # default: an agent's user approving its agent's calls, an API caller answering its own run.
     requester_may_approve: bool = True
+    # Evaluated in order when an interrupt is created, after the team's own rules; the first
+    # whose condition holds decides (or assigns, routes, requires approvals).
+    rules: tuple[Rule, ...] = ()
+    # False: no rule or standing grant approves it; a person must (it may still reject).
+    auto_approve: bool = True
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "rules", tuple(self.rules))
+        if not self.auto_approve and any(isinstance(rule.then, Approve) for rule in self.rules):
+            raise ValueError("a rule approves an action whose policy forbids automatic approval")
         if self.approvals < 1:
             raise ValueError("approvals must be at least 1")
         if (self.escalate_after is None) != (self.escalate_to is None):
@@ -256,17 +405,25 @@ def action(
 
     def decorate(execute: Execute) -> Action:
         doc = inspect.getdoc(execute) or ""
-        if policy is not None and policy.default_answer is not None and answer is not None:
-            # Refused where it is declared, not months later when a deadline passes.
-            try:
-                answer.model_validate(policy.default_answer)
-            except ValidationError as exc:
-                errors = describe_errors(field_errors(exc))
-                named = name or execute.__name__
-                problem = f"the default_answer of {named} does not fit its answer model: {errors}"
-                raise TypeError(problem) from None
+        named = name or execute.__name__
+        if policy is not None and answer is not None:
+            # Refused where they are declared, not months later when a deadline passes or a
+            # rule matches.
+            fixed = [("the default_answer", policy.default_answer)] + [
+                (f"rule {rule.name!r}'s answer", rule.then.answer)
+                for rule in policy.rules
+                if isinstance(rule.then, Approve) and rule.then.answer is not None
+            ]
+            for what, value in fixed:
+                if value is None:
+                    continue
+                try:
+                    answer.model_validate(value)
+                except ValidationError as exc:
+                    errors = describe_errors(field_errors(exc))
+                    raise TypeError(f"{what} of {named} does not fit its answer model: {errors}") from None
         act = Action(
-            name=name or execute.__name__,
+            name=named,
             execute=execute,
             input_model=input,
             answer_model=answer,

@@ -43,6 +43,9 @@ class Team(models.Model):
     slug = models.SlugField(max_length=100, unique=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="teams", blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # Changed (to a random number) whenever the team's rules or grants change: each process
+    # keeps them compiled (actions.engine.rules) and reads only this to know they are current.
+    rules_version = models.BigIntegerField(default=0, editable=False)
 
     class Meta:
         ordering = ["name"]
@@ -250,12 +253,15 @@ class Interrupt(models.Model):
     # these, and the model sees the call as edited. The proposed ones stay in the binding's
     # hash, the run's messages as they were, and the event log.
     edited_arguments = JSONField(null=True, blank=True)
+    # What the paused call was given, for an agent's tool call or a script's call (a plain
+    # action's is its run's input). Rules and grants read it as ``input``.
+    arguments = JSONField(null=True, blank=True)
     reason = models.TextField(blank=True)
     decided_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
     )
     decided_by_name = models.CharField(max_length=150, blank=True)
-    # How: dashboard, api, email, slack, bulk, deadline (a policy decided it).
+    # How: dashboard, api, email, slack, bulk, deadline (a policy decided it), rule, grant.
     decided_via = models.CharField(max_length=20, blank=True)
     decided_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -411,6 +417,117 @@ class Policy(models.Model):
         return f"{self.action} in {self.team}"
 
 
+class TeamRule(models.Model):
+    """A team's rule (admin: Rules): ``then`` for the team's new interrupts whose condition
+    (``when``, CEL) holds. The team's rules go first, by position, then the action's own; the
+    first that holds wins. See actions.engine.rules."""
+
+    class Then(models.TextChoices):
+        APPROVE = "approve"
+        REJECT = "reject"
+        REQUIRE = "require", "require approvals"
+        ASSIGN = "assign", "assign to users"
+        ROUTE = "route", "route to another team"
+
+    team = models.ForeignKey(Team, models.CASCADE, related_name="rules")
+    name = models.CharField(max_length=100)
+    action = models.CharField(max_length=200, blank=True, help_text="Empty: every action of the team.")
+    when = models.TextField(
+        "condition",
+        help_text="CEL over data, input, action, team and requester; e.g. "
+        "<code>has(data.amount) &amp;&amp; data.amount &lt; 50</code>.",
+    )
+    then = models.CharField(max_length=10, choices=Then.choices)
+    answer = JSONField(
+        null=True,
+        blank=True,
+        help_text="Approve: the answer (must fit the action's). Empty: a plain approval.",
+    )
+    reason = models.TextField(blank=True, help_text="Reject: the reason (required).")
+    approvals = models.PositiveSmallIntegerField(null=True, blank=True, help_text="Require: how many people.")
+    assignees = models.CharField(max_length=500, blank=True, help_text="Assign: usernames, comma-separated.")
+    route_to = models.ForeignKey(
+        Team, models.PROTECT, null=True, blank=True, related_name="+", help_text="Route: the team."
+    )
+    position = models.PositiveIntegerField(default=0, help_text="Lower first.")
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["team", "position", "id"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="one_rule_name_per_team")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.team})"
+
+
+class Grant(models.Model):
+    """A standing approval: a reviewer approved and allowed the same for a while. Later
+    interrupts of the same action, with the same arguments (or arguments matching
+    ``condition``), from the same requester (or in the same run) are approved by it with the
+    same answer, as long as the reviewer could still approve them. See actions.engine.rules."""
+
+    team = models.ForeignKey(Team, models.CASCADE, related_name="grants")
+    action = models.CharField(max_length=200)
+    granted_by = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="grants")
+    granted_by_name = models.CharField(max_length=150)
+    source = models.ForeignKey(Interrupt, models.SET_NULL, null=True, blank=True, related_name="+")
+    answer = JSONField(null=True, blank=True)
+    # One of the two: the same arguments (their hash), or arguments for which this CEL holds.
+    arguments_sha256 = models.CharField(max_length=64, blank=True)
+    condition = models.TextField(blank=True)
+    # One of the two: the same requester ("user:<id>", "token:<id>"), or this run.
+    requester = models.CharField(max_length=40, blank=True)
+    run = models.ForeignKey(Run, models.CASCADE, null=True, blank=True, related_name="+")
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Empty: until revoked.")
+    created_at = models.DateTimeField(default=timezone.now)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by_name = models.CharField(max_length=150, blank=True)
+    uses = models.PositiveIntegerField(default=0)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(
+                fields=["team", "action"], name="grant_live", condition=models.Q(revoked_at__isnull=True)
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"grant #{self.pk} ({self.action}, {self.granted_by_name})"
+
+    def is_live(self, now: Any = None) -> bool:
+        now = now or timezone.now()
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)
+
+
+class Delegation(models.Model):
+    """Out of office: from ``starts_at`` to ``ends_at``, new interrupts assigned to ``user``
+    are assigned to ``delegate`` instead (and those pending when it starts)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="delegations")
+    delegate = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="+")
+    starts_at = models.DateTimeField(default=timezone.now)
+    ends_at = models.DateTimeField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-starts_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(ends_at__gt=models.F("starts_at")), name="delegation_ends_after"
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(delegate=models.F("user")), name="delegation_not_to_self"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} to {self.delegate} until {self.ends_at:%Y-%m-%d %H:%M}"
+
+
 class RunEventQuerySet(models.QuerySet["RunEvent"]):
     def update(self, **kwargs: Any) -> int:
         raise TypeError("the event log is append-only")
@@ -442,6 +559,8 @@ class RunEvent(models.Model):
         COMMENTED = "commented"
         # An action raised something unexpected: the exception text and the id callers were told.
         ERROR = "error"
+        # Its assignees changed: a delegate took over while someone is away.
+        ASSIGNED = "assigned"
 
     run = models.ForeignKey(Run, models.CASCADE, related_name="events")
     interrupt = models.ForeignKey(

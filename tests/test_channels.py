@@ -27,6 +27,7 @@ from actions.models import (
     SlackMessage,
     Team,
     TeamChannels,
+    TeamRule,
 )
 from tests.slack_server import SIGNING_SECRET, TOKEN, SlackServer, button, signed, submission
 
@@ -89,6 +90,19 @@ def test_assigned_approvals_mail_the_assignees_only_and_mail_off_is_respected(
     start(team)
     told()
     assert [m.to for m in mail.outbox] == [["reviewer2@example.com"]]
+
+
+def test_what_a_rule_decides_as_it_is_created_mails_no_reviewer_only_whoever_asked(
+    team: Team, people: dict[str, User]
+) -> None:
+    TeamRule.objects.create(team=team, name="small", when="data.amount < 200.0", then="approve")
+    TeamChannels.objects.create(team=team, email_events=["interrupt.created", "interrupt.decided"])
+    interrupt = start(team, by=people["second"])
+    told()
+    assert Interrupt.objects.get(pk=interrupt.pk).decided_by_name == "rule: small"
+    assert [(m.to, m.subject) for m in mail.outbox] == [
+        (["reviewer2@example.com"], "[Grundlag approvals] Approved by rule: small: Approve sending the invoice?")
+    ]
 
 
 def test_a_team_chooses_which_events_mail_its_people(team: Team, people: dict[str, User]) -> None:

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from actions import engine
 from actions.drivers.base import StepResult
+from actions.engine import rules
 from actions.engine import steps as engine_steps
 from actions.models import AuditChain, Interrupt, Run, RunEvent, Team
 from grundlag_site.celery import app as celery_app
@@ -239,6 +240,9 @@ def test_inline_steps_run_in_the_callers_process_and_claim_as_they_queue(
     monkeypatch.setattr(metrics, "_slugs", {})  # a team of an earlier test may have had this id
     # As after the migration (a test's flush empties it); making it commits once.
     _, made_chain = AuditChain.objects.get_or_create(pk=1)
+    # A process reads a team's rules and grants once, and again only when they change: the
+    # pause reads their version with the team's policy, in the statement it always made.
+    rules.team_set(team.pk)
     with CaptureQueriesContext(connection) as queries:
         run = engine.start_run("send_invoice", {"invoice_id": "INV-7", "amount": 3.0}, team, reviewer)
         (interrupt,) = engine.pending_interrupts(run.pk)

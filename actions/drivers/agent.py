@@ -306,6 +306,7 @@ def _run_calls(
                     tool_call_id=call_id,
                     action=name,
                     binding=binding,
+                    arguments=arguments,
                 )
             )
         else:

@@ -118,6 +118,9 @@ class Pause:
     action: str = ""
     # The call it pauses (call_binding): its answer resumes only a call with the same binding.
     binding: dict[str, Any] = field(default_factory=dict)
+    # What the paused call was given, when it is a call inside the run (an agent's tool call, a
+    # script's call); a plain action's is its run's input. Rules and grants read it.
+    arguments: Any = None
 
 
 @dataclass

@@ -487,7 +487,12 @@ class SandboxDriver(Driver):
             )
         except SandboxInterrupt as pause:
             pause_of = Pause(
-                pause.message, pause.data, pause.state, action=pause.action, binding=_binding(pause.paused)
+                pause.message,
+                pause.data,
+                pause.state,
+                action=pause.action,
+                binding=_binding(pause.paused),
+                arguments=pause.paused["input"],
             )
             return StepResult(
                 Run.Status.INTERRUPTED,

@@ -154,7 +154,11 @@ def decided_via(by: Actor, *, policy: str = "", via: str = "") -> str:
     if policy:
         from actions.engine.deadlines import DEADLINE_POLICY
 
-        return "deadline" if policy == DEADLINE_POLICY else "policy"
+        if policy == DEADLINE_POLICY:
+            return "deadline"
+        return (
+            "rule" if policy.startswith("rule: ") else "grant" if policy.startswith("grant #") else "policy"
+        )
     if via:
         return via
     return "api" if isinstance(by, ApiToken) else "dashboard"
@@ -309,16 +313,18 @@ def reject(
     if not reason:
         raise InvalidInput("a reason is required to reject", [{"loc": ["error"], "msg": "required"}])
     check_size("the reason", reason)
-
-    def end_or_go_on(run: Run, decided: Interrupt) -> None:
-        if driver_for(run.consumer).rejection_continues:
-            resume_if_nothing_pending(run, decided)
-            return
-        finish_with_pending_cancelled(run, Status.REJECTED, error=reason)
-
     return decide(
         interrupt, Interrupt.Status.REJECTED, by, reason=reason, then=end_or_go_on, via=via, also=also
     )
+
+
+def end_or_go_on(run: Run, decided: Interrupt) -> None:
+    """After a rejection: an agent (or a script) goes on, told why; an action's run ends
+    rejected with the reason."""
+    if driver_for(run.consumer).rejection_continues:
+        resume_if_nothing_pending(run, decided)
+        return
+    finish_with_pending_cancelled(run, Status.REJECTED, error=decided.reason)
 
 
 def finish_with_pending_cancelled(run: Run, status: str, *, error: str = "", by: Actor = None) -> None:

@@ -69,7 +69,20 @@ def atomic() -> Iterator[None]:
     """``transaction.atomic()`` whose audit events are written in one INSERT, as it ends, whose
     inbox changes are numbered in their teams' streams, whose changed runs are announced to
     other processes in one statement (PostgreSQL's NOTIFY, delivered on commit), and whose
-    engine statements share a cursor."""
+    engine statements share a cursor. Inside another, it is a savepoint that writes into the
+    outer one's journal (a rule deciding the interrupt its step just recorded: the events stay
+    in order), and takes back what it wrote there if it fails."""
+    outer = _journal.get()
+    if outer is not None:
+        marks = len(outer.events), len(outer.changes), dict(outer.runs_changed)
+        try:
+            with transaction.atomic():
+                yield
+        except BaseException:
+            del outer.events[marks[0] :], outer.changes[marks[1] :]
+            outer.runs_changed = marks[2]
+            raise
+        return
     journal = _Journal()
     with transaction.atomic(), store.one_cursor():
         token = _journal.set(journal)

@@ -9,12 +9,16 @@ from typing import Any
 
 from actions.core import ApprovalPolicy, registry
 from actions.engine import store
-from actions.models import Actor, ApiToken, Interrupt, Run, Team
+from actions.models import Actor, ApiToken, Interrupt, Policy, Run, Team
 
 
 def effective_policy(team_id: int, action_name: str) -> ApprovalPolicy:
     """The action's declared policy, unless the team overrides it (admin: Policies)."""
-    override = store.policy_override(team_id, action_name)
+    return with_override(action_name, store.policy_override(team_id, action_name))
+
+
+def with_override(action_name: str, override: Policy | None) -> ApprovalPolicy:
+    """The action's declared policy, as the team's ``override`` changes it."""
     act = registry.find(action_name)
     declared = act.policy if act is not None else ApprovalPolicy()
     if override is None:
@@ -34,12 +38,17 @@ def effective_policy(team_id: int, action_name: str) -> ApprovalPolicy:
         requester_may_approve=declared.requester_may_approve
         if override.requester_may_approve is None
         else override.requester_may_approve,
+        # The team's own rules are TeamRules: what the action declares still applies.
+        rules=declared.rules,
+        auto_approve=declared.auto_approve,
     )
 
 
-def policy_fields(team_id: int, action_name: str, now: datetime) -> dict[str, Any]:
+def policy_fields(
+    team_id: int, action_name: str, now: datetime, policy: ApprovalPolicy | None = None
+) -> dict[str, Any]:
     """The fields a new interrupt of the action in the team gets from its policy."""
-    policy = effective_policy(team_id, action_name)
+    policy = policy or effective_policy(team_id, action_name)
     escalate_to = Team.objects.filter(slug=policy.escalate_to).first() if policy.escalate_to else None
     return {
         "expires_at": now + policy.deadline if policy.deadline else None,

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from actions.core import field_errors, registry
 from actions.drivers import driver_for, runs_an_action
 from actions.drivers.base import NO_ANSWERS, Answer, Answers, StepResult, call_binding
-from actions.engine import store
+from actions.engine import rules, store
 from actions.engine.errors import (
     DRIVER_STATE_LIMIT_FACTOR,
     MAX_ERROR_CHARS,
@@ -44,7 +44,7 @@ from actions.engine.journal import (
     report_internal_error,
     step_ran,
 )
-from actions.engine.policies import policy_fields
+from actions.engine.policies import policy_fields, with_override
 from actions.models import Actor, ApiToken, Interrupt, Run, RunEvent, Team, actor_name, actor_user
 
 logger = logging.getLogger(__name__)
@@ -401,22 +401,43 @@ def _record(run: Run, result: StepResult, driver_state: dict[str, Any] | store.K
             logger.warning("run %s attempt %s lost its lease; result dropped", run.pk, run.attempt)
             return
         if result.status == Status.INTERRUPTED:
+            created = []
             for pause in result.pauses:
                 action_name = pause.action or run.action
+                override, version, slug = store.team_policy(run.team_id, action_name)
+                policy = with_override(action_name, override)
+                # The team's rules, the action's, and delegations: before anyone sees it.
+                routed = rules.route(
+                    run, action_name, pause.data, pause.arguments,
+                    policy_fields(run.team_id, action_name, now, policy), policy,
+                    rules.team_set(run.team_id, (version, slug)),
+                )  # fmt: skip
                 interrupt = Interrupt(
                     run_id=run.pk,
-                    team_id=run.team_id,
                     action=action_name,
                     message=pause.message,
                     data=pause.data,
                     state=pause.state,
                     tool_call_id=pause.tool_call_id,
                     binding=pause.binding or call_binding(action_name),
-                    **policy_fields(run.team_id, action_name, now),
+                    arguments=pause.arguments,
+                    **{"team_id": run.team_id, **routed.fields},
                 )
                 store.insert(interrupt, store.next_seq(run.pk))
-                log(run, RunEvent.Kind.INTERRUPTED, None, interrupt, seq=interrupt.seq)
-                inbox_changed("interrupt", interrupt, before=(), after=[run.team_id])
+                log(
+                    run,
+                    RunEvent.Kind.INTERRUPTED,
+                    None,
+                    interrupt,
+                    seq=interrupt.seq,
+                    **rules.event_detail(routed),
+                )
+                inbox_changed("interrupt", interrupt, before=(), after=[interrupt.team_id])
+                created.append((interrupt, routed, policy))
+            # Decided by a rule or a grant once all of the step's pauses are in: the run goes
+            # on only when none is left pending.
+            for interrupt, routed, policy in created:
+                rules.settle(run, interrupt, routed, policy)
         elif result.status == Status.COMPLETED:
             log(run, RunEvent.Kind.COMPLETED, None)
         else:

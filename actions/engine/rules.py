@@ -1,0 +1,627 @@
+"""Rules, standing grants and delegation: what happens to an interrupt when it is created,
+before anyone sees it.
+
+In the transaction that records the pause (actions.engine.steps.record):
+
+1. The team's rules (admin: Rules), by position, then the action's own
+   (``ApprovalPolicy(rules=...)``): the first whose condition holds decides (approve, reject),
+   or sets who decides (require N approvals, assign to users, route to another team). A
+   condition that fails to evaluate stops there: the interrupt is left to people, and the event
+   log says which rule failed and why (a later rule cannot know what an earlier one would have
+   said).
+2. Without a rule's decision, a live standing grant that covers it approves it, as long as
+   whoever gave the grant could still approve it themself (their team, the assignees, separation
+   of duties, one approver).
+3. Assignees who are away are replaced by their delegates, unless that would make one person
+   two of the approvers, or a delegate who may not approve it.
+
+A rule's or a grant's decision is an ordinary decision (actions.engine.decisions.decide), made
+by a policy: recorded as ``rule: <name>`` or ``grant #<id> (<who>)``, and the run goes on as it
+would after a person's. ``auto_approve=False`` on an action's policy forbids both to approve.
+
+Each process keeps a team's rules and grants compiled, and checks one number per interrupt (the
+team's ``rules_version``, new on every change) to know they are current.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import cel
+from django.db.models import F
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
+from django.utils import timezone
+
+from actions.core import (
+    ApprovalPolicy,
+    Approve,
+    AssignTo,
+    ConditionError,
+    Reject,
+    RequireApprovals,
+    RouteTo,
+    RuleOutcome,
+    compile_condition,
+    registry,
+)
+from actions.drivers.base import arguments_hash
+from actions.models import Delegation, Grant, Interrupt, Run, RunEvent, Team, TeamRule
+
+logger = logging.getLogger(__name__)
+
+PLAIN_APPROVAL = {"approved": True, "comment": ""}
+MAX_DELEGATION_HOPS = 5
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A rule ready to evaluate: its name, the action it is for ("" any), its program and
+    what it does."""
+
+    name: str
+    action: str
+    program: cel.Program
+    then: RuleOutcome
+    team_rule_id: int | None = None
+    order: tuple[int, int] = (0, 0)  # a team rule's (position, id)
+
+    def covers(self, action: str) -> bool:
+        return not self.action or self.action == action
+
+
+@dataclass(frozen=True)
+class TeamSet:
+    version: int
+    slug: str
+    rules: tuple[Compiled, ...]
+    grants: tuple[tuple[Grant, cel.Program | None], ...]
+
+
+_cache: dict[int, TeamSet] = {}
+_cache_lock = threading.Lock()
+
+
+def outcome_of(rule: TeamRule) -> RuleOutcome:
+    """What a team's rule does, as the action's own rules say it. ValueError when its fields do
+    not make an outcome (the admin's form says which)."""
+    then = TeamRule.Then
+    if rule.then == then.APPROVE:
+        return Approve(rule.answer)
+    if rule.then == then.REJECT:
+        return Reject(rule.reason)
+    if rule.then == then.REQUIRE:
+        if not rule.approvals:
+            raise ValueError("say how many approvals it requires")
+        return RequireApprovals(rule.approvals)
+    if rule.then == then.ASSIGN:
+        return AssignTo(tuple(name.strip() for name in rule.assignees.split(",") if name.strip()))
+    if rule.then == then.ROUTE:
+        if rule.route_to is None:
+            raise ValueError("say which team it routes to")
+        return RouteTo(rule.route_to.slug)
+    raise ValueError(f"unknown outcome {rule.then!r}")
+
+
+def _compile_team(team_id: int, version: int, slug: str) -> TeamSet:
+    rules = []
+    for row in TeamRule.objects.filter(team_id=team_id, enabled=True).select_related("route_to"):
+        try:
+            program = compile_condition(row.when)
+            rules.append(
+                Compiled(row.name, row.action, program, outcome_of(row), row.pk, (row.position, row.pk))
+            )
+        except (ConditionError, ValueError) as exc:
+            # Refused when saved; only a rule written around the admin gets here.
+            logger.error("team %s: rule %r is skipped: %s", slug, row.name, exc)
+    grants: list[tuple[Grant, cel.Program | None]] = []
+    for grant in Grant.objects.filter(team_id=team_id, revoked_at=None).select_related("granted_by"):
+        condition: cel.Program | None = None
+        if grant.condition:
+            try:
+                condition = compile_condition(grant.condition)
+            except ConditionError as exc:
+                logger.error("grant %s is skipped: %s", grant.pk, exc)
+                continue
+        grants.append((grant, condition))
+    return TeamSet(version, slug, tuple(rules), tuple(grants))
+
+
+def team_set(team_id: int, known: tuple[int, str] | None = None) -> TeamSet:
+    """The team's rules and grants, compiled; read again only when they changed. ``known``:
+    the team's rules version and slug, when the caller read them (store.team_policy)."""
+    version, slug = known or Team.objects.filter(pk=team_id).values_list("rules_version", "slug").get()
+    cached = _cache.get(team_id)
+    if cached is not None and cached.version == version:
+        return cached
+    compiled = _compile_team(team_id, version, slug)
+    with _cache_lock:
+        _cache[team_id] = compiled
+    return compiled
+
+
+def rules_changed(team_id: int) -> None:
+    # A new random number rather than one more: a process's cache stays right across a
+    # database restored from a backup, or a team id used again.
+    Team.objects.filter(pk=team_id).update(rules_version=secrets.randbits(62))
+
+
+@receiver([post_save, post_delete], sender=TeamRule)
+@receiver([post_save, post_delete], sender=Grant)
+def _bump(sender: Any, instance: TeamRule | Grant, **kwargs: Any) -> None:
+    if kwargs.get("update_fields") == frozenset({"uses", "last_used_at"}):
+        return
+    rules_changed(instance.team_id)
+
+
+# What a condition sees
+
+
+def requester_name(run: Run) -> str:
+    return run.started_by_name or ""
+
+
+def requester_key(run: Run) -> str:
+    """Who asked, as a grant is scoped to: a user, a token, or no one ("")."""
+    if run.started_by_id is not None:
+        return f"user:{run.started_by_id}"
+    if run.started_by_token_id is not None:
+        return f"token:{run.started_by_token_id}"
+    return ""
+
+
+def call_input(run: Run, arguments: Any) -> Any:
+    """What the paused call was given: a tool's or a script call's arguments, else the run's
+    input (a plain action pauses inside the call the run is)."""
+    return arguments if arguments is not None else run.input
+
+
+def arguments_key(run: Run, interrupt: Interrupt) -> str:
+    return arguments_hash(call_input(run, interrupt.arguments))
+
+
+def context(data: Any, given: Any, action: str, team: str, requester: str) -> cel.Context:
+    return cel.Context({"data": data, "input": given, "action": action, "team": team, "requester": requester})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the rules say about one interrupt: the rule that holds (and its outcome), or the
+    rule that failed to evaluate and why (the interrupt is then left to people)."""
+
+    rule: Compiled | None = None
+    failed: str = ""
+    error: str = ""
+
+
+def evaluate(rules: tuple[Compiled, ...] | list[Compiled], ctx: cel.Context, action: str) -> Verdict:
+    """The first rule for ``action`` whose condition holds. A condition that raises, or gives
+    something other than true or false, stops the evaluation."""
+    for rule in rules:
+        if not rule.covers(action):
+            continue
+        try:
+            result = rule.program.execute(ctx)
+        except Exception as exc:  # noqa: BLE001 - any failure of a condition leaves it to people
+            return Verdict(failed=rule.name, error=f"{type(exc).__name__}: {exc}"[:500])
+        if result is True:
+            return Verdict(rule=rule)
+        if result is not False:
+            return Verdict(failed=rule.name, error=f"the condition gave {result!r}, not true or false"[:500])
+    return Verdict()
+
+
+def declared_rules(policy: ApprovalPolicy, action: str) -> list[Compiled]:
+    return [Compiled(rule.name, action, rule.program, rule.then) for rule in policy.rules]
+
+
+# At creation
+
+
+@dataclass
+class Routed:
+    """What the rules, grants and delegations made of a new interrupt: its fields changed
+    before it is inserted, the decision to make once every pause of the step is inserted, and
+    what the event log says about it."""
+
+    fields: dict[str, Any]
+    decision: tuple[str, Any] | None = None  # ("approve", answer) or ("reject", reason)
+    decided_by: str = ""  # "rule: <name>" or "grant #<id> (<who>)"
+    grant: Grant | None = None
+    note: dict[str, Any] = field(default_factory=dict)
+    teams: TeamSet | None = None  # the run's team's rules and grants
+
+
+def route(
+    run: Run,
+    action_name: str,
+    data: Any,
+    arguments: Any,
+    fields: dict[str, Any],
+    policy: ApprovalPolicy,
+    teams: TeamSet,
+) -> Routed:
+    """Apply the rules and delegations to a new interrupt's ``fields`` (policies.policy_fields),
+    and say what decides it, if anything does. Grants are looked at once it is inserted
+    (``grant_for``), where the granter's right to decide it can be checked."""
+    routed = Routed(dict(fields), teams=teams)
+    rules = [*teams.rules, *declared_rules(policy, action_name)]
+    if rules or teams.grants:
+        ctx = context(data, call_input(run, arguments), action_name, teams.slug, requester_name(run))
+        routed.note["ctx"] = ctx
+        verdict = evaluate(rules, ctx, action_name)
+        if verdict.failed:
+            logger.warning(
+                "run %s: rule %r failed, left to people: %s", run.pk, verdict.failed, verdict.error
+            )
+            routed.note["rule_failed"] = {"rule": verdict.failed, "error": verdict.error}
+        elif verdict.rule is not None:
+            _apply(run, routed, verdict.rule, action_name, policy)
+    routed.fields["assignees"] = _delegated(run, routed, policy)
+    return routed
+
+
+def _apply(run: Run, routed: Routed, rule: Compiled, action_name: str, policy: ApprovalPolicy) -> None:
+    then, fields = rule.then, routed.fields
+    said = {"rule": rule.name, "then": then.describe()}
+    if isinstance(then, Approve):
+        if not policy.auto_approve:
+            routed.note["rule_failed"] = {
+                "rule": rule.name,
+                "error": f"{action_name} may not be approved automatically (auto_approve=False)",
+            }
+            return
+        answer = then.answer if then.answer is not None else _plain_answer(action_name)
+        try:
+            act = registry.find(action_name)
+            answer = act.validate_answer(answer) if act is not None else answer
+        except Exception as exc:  # noqa: BLE001 - a pydantic error: the answer does not fit
+            routed.note["rule_failed"] = {"rule": rule.name, "error": f"its answer does not fit: {exc}"[:500]}
+            return
+        routed.decision, routed.decided_by = ("approve", answer), f"rule: {rule.name}"
+    elif isinstance(then, Reject):
+        routed.decision, routed.decided_by = ("reject", then.reason), f"rule: {rule.name}"
+    elif isinstance(then, RequireApprovals):
+        fields["approvals_required"] = then.count
+    elif isinstance(then, AssignTo):
+        fields["assignees"] = list(then.users)
+    elif isinstance(then, RouteTo):
+        team_id = Team.objects.filter(slug=then.team).values_list("pk", flat=True).first()
+        if team_id is None:
+            routed.note["rule_failed"] = {"rule": rule.name, "error": f"there is no team {then.team!r}"}
+            return
+        fields["team_id"] = team_id
+    routed.note["rule"] = said
+
+
+def _plain_answer(action_name: str) -> Any:
+    act = registry.find(action_name)
+    return dict(PLAIN_APPROVAL) if act is None or act.answer_model is None else {}
+
+
+def _delegated(run: Run, routed: Routed, policy: ApprovalPolicy) -> list[str]:
+    """The assignees, with those away replaced by their delegates. Not when the delegate is
+    already one of them (one person would count twice), is not in the team that decides it,
+    or started the run while the requester may not approve it: then the assignee keeps it."""
+    assignees: list[str] = list(routed.fields.get("assignees") or [])
+    if not assignees:
+        return assignees
+    now = timezone.now()
+    away = _away(now)
+    if not away:
+        return assignees
+    team_id = routed.fields.get("team_id", run.team_id)
+    members = set(Team.objects.get(pk=team_id).members.values_list("username", flat=True))
+    may_approve_own = routed.fields.get("requester_may_approve", policy.requester_may_approve)
+    result, moved, kept = [], {}, {}
+    for name in assignees:
+        delegate = _follow(name, away)
+        if delegate == name:
+            result.append(name)
+            continue
+        why = ""
+        if delegate in assignees or delegate in result:
+            why = f"{delegate} is already one of its approvers"
+        elif delegate not in members:
+            why = f"{delegate} is not in the team that decides it"
+        elif not may_approve_own and run.started_by is not None and run.started_by.get_username() == delegate:
+            why = f"{delegate} started the run"
+        if why:
+            result.append(name)
+            kept[name] = why
+        else:
+            result.append(delegate)
+            moved[name] = delegate
+    if moved:
+        routed.note["delegated"] = moved
+    if kept:
+        routed.note["not_delegated"] = kept
+    return result
+
+
+def _away(now: datetime) -> dict[str, str]:
+    """username -> delegate's username, for everyone away now."""
+    rows = Delegation.objects.filter(starts_at__lte=now, ends_at__gt=now).values_list(
+        "user__username", "delegate__username"
+    )
+    return dict(rows)
+
+
+def _follow(name: str, away: dict[str, str]) -> str:
+    seen = [name]
+    while name in away and len(seen) <= MAX_DELEGATION_HOPS:
+        name = away[name]
+        if name in seen:
+            return seen[0]  # a cycle: no one to hand it to
+        seen.append(name)
+    return name
+
+
+def grant_for(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPolicy) -> Grant | None:
+    """The live grant that approves ``interrupt`` (inserted, not yet decided), if any: same
+    team, action and scope, and its giver could approve it now."""
+    from actions.engine.policies import may_decide, separation_of_duties
+
+    if not policy.auto_approve or interrupt.approvals_required != 1:
+        return None
+    same = interrupt.team_id == run.team_id and routed.teams is not None
+    teams = routed.teams if same and routed.teams is not None else team_set(interrupt.team_id)
+    if not teams.grants:
+        return None
+    now = timezone.now()
+    key, who = "", requester_key(run)
+    ctx = routed.note.get("ctx")
+    for grant, program in teams.grants:
+        if grant.action != interrupt.action or not grant.is_live(now):
+            continue
+        if grant.run_id is not None and grant.run_id != run.pk:
+            continue
+        if grant.run_id is None and (not grant.requester or grant.requester != who):
+            continue
+        if grant.arguments_sha256:
+            key = key or arguments_key(run, interrupt)
+            if grant.arguments_sha256 != key:
+                continue
+        elif program is not None:
+            if ctx is None:
+                ctx = context(
+                    interrupt.data,
+                    call_input(run, interrupt.arguments),
+                    interrupt.action,
+                    teams.slug,
+                    requester_name(run),
+                )
+            try:
+                if program.execute(ctx) is not True:
+                    continue
+            except Exception:  # noqa: BLE001, S112 - a condition that fails does not cover it
+                continue
+        else:
+            continue
+        giver = grant.granted_by
+        if not giver.is_active or not may_decide(giver, interrupt) or separation_of_duties(giver, interrupt):
+            continue
+        return grant
+    return None
+
+
+def settle(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPolicy) -> None:
+    """Make the decision a rule or a grant took for ``interrupt``, in the transaction that
+    created it, once every pause of its step is inserted."""
+    from actions.engine import decisions
+
+    decision, by = routed.decision, routed.decided_by
+    if decision is None:
+        grant = grant_for(run, interrupt, routed, policy)
+        if grant is None:
+            return
+        decision, by = ("approve", grant.answer), f"grant #{grant.pk} ({grant.granted_by_name})"
+        Grant.objects.filter(pk=grant.pk).update(uses=F("uses") + 1, last_used_at=timezone.now())
+    kind, value = decision
+    if kind == "approve":
+        decisions.decide(
+            interrupt,
+            Interrupt.Status.APPROVED,
+            None,
+            answer=value,
+            then=decisions.resume_if_nothing_pending,
+            policy=by,
+        )
+    else:
+        decisions.decide(
+            interrupt, Interrupt.Status.REJECTED, None, reason=value, then=decisions.end_or_go_on, policy=by
+        )
+
+
+def event_detail(routed: Routed) -> dict[str, Any]:
+    """What the interrupt's event says of its rules and delegations."""
+    return {key: value for key, value in routed.note.items() if key != "ctx"}
+
+
+# Dry run
+
+
+@dataclass(frozen=True)
+class Would:
+    interrupt: Interrupt
+    outcome: str
+    error: str = ""
+    earlier: str = ""  # an earlier rule of the team that holds first
+
+    @property
+    def agrees(self) -> bool | None:
+        """Whether people decided it the same way (None: not comparable)."""
+        said = self.outcome.split(":", 1)[0].split(" ", 1)[0]
+        if said == "approve":
+            return self.interrupt.status == Interrupt.Status.APPROVED
+        if said == "reject":
+            return self.interrupt.status == Interrupt.Status.REJECTED
+        return None
+
+
+def dry_run(team: Team, rule: Compiled, limit: int = 1000) -> tuple[int, list[Would], list[Would]]:
+    """What ``rule`` (a team's, new or changed: ``order`` is where it would stand) would have
+    done to the team's last ``limit`` interrupts: how many were looked at, those it holds for
+    (with what it would have done), and those it failed on. An earlier enabled rule of the
+    team that holds first is named."""
+    teams = _compile_team(team.pk, -1, team.slug)
+    earlier = [
+        each for each in teams.rules if each.team_rule_id != rule.team_rule_id and each.order < rule.order
+    ]
+    recent = (
+        Interrupt.objects.filter(team=team)
+        .select_related("run")
+        .order_by("-created_at", "-id")
+        .only(
+            "id",
+            "run_id",
+            "seq",
+            "team_id",
+            "action",
+            "message",
+            "data",
+            "arguments",
+            "status",
+            "decided_by_name",
+            "decided_via",
+            "created_at",
+            "run__input",
+            "run__started_by_name",
+        )[:limit]
+    )
+    looked, held, failed = 0, [], []
+    for it in recent:
+        looked += 1
+        if not rule.covers(it.action):
+            continue
+        ctx = context(it.data, call_input(it.run, it.arguments), it.action, team.slug, requester_name(it.run))
+        verdict = evaluate([rule], ctx, it.action)
+        if verdict.failed:
+            failed.append(Would(it, "", error=verdict.error))
+        elif verdict.rule is not None:
+            first = evaluate(earlier, ctx, it.action)
+            held.append(Would(it, rule.then.describe(), earlier=first.rule.name if first.rule else ""))
+    return looked, held, failed
+
+
+# Standing grants and delegation, as people make them
+
+
+GRANT_FOR = {"hour": timedelta(hours=1), "run": None, "revoked": None}
+
+
+def give_grant(
+    interrupt: Interrupt, by: Any, *, lasting: str, condition: str = "", answer: Any = None
+) -> Grant:
+    """A grant from an approval ``by`` just made of ``interrupt``: for an hour, for this run, or
+    until revoked; for the same arguments, or for arguments where ``condition`` holds.
+    ValueError (or ConditionError) says why not."""
+    if lasting not in GRANT_FOR:
+        raise ValueError("say how long the grant lasts: an hour, this run, or until revoked")
+    act = registry.find(interrupt.action)
+    if act is not None and not act.policy.auto_approve:
+        raise ValueError(f"{interrupt.action} may not be approved automatically, so it takes no grant")
+    if interrupt.approvals_required != 1:
+        raise ValueError("a grant is one person's approval; this needs several")
+    run = Run.objects.get(pk=interrupt.run_id)
+    who = requester_key(run)
+    if lasting != "run" and not who:
+        raise ValueError("this run has no requester to scope the grant to; grant it for this run")
+    if condition:
+        compile_condition(condition)
+    lasts = GRANT_FOR[lasting]
+    return Grant.objects.create(
+        team_id=interrupt.team_id,
+        action=interrupt.action,
+        granted_by=by,
+        granted_by_name=by.get_username(),
+        source=interrupt,
+        answer=answer,
+        arguments_sha256="" if condition else arguments_key(run, interrupt),
+        condition=condition,
+        requester="" if lasting == "run" else who,
+        run=run if lasting == "run" else None,
+        expires_at=timezone.now() + lasts if lasts is not None else None,
+    )
+
+
+def revoke_grant(grant: Grant, by: Any) -> bool:
+    """Revoke at once; False when it was revoked already."""
+    done = Grant.objects.filter(pk=grant.pk, revoked_at=None).update(
+        revoked_at=timezone.now(), revoked_by_name=by.get_username()
+    )
+    if done:
+        rules_changed(grant.team_id)
+    return bool(done)
+
+
+def set_away(user: Any, delegate: Any, starts_at: datetime, ends_at: datetime) -> Delegation:
+    """Out of office from ``starts_at`` to ``ends_at``, with ``delegate`` deciding what is
+    assigned to ``user``. Starting now, what is pending for ``user`` moves too. ValueError says
+    why not (themself, no shared team, an end before the start)."""
+    from actions.engine.journal import atomic, inbox_changed, log
+
+    if delegate.pk == user.pk:
+        raise ValueError("choose someone else as your delegate")
+    if ends_at <= starts_at:
+        raise ValueError("the end must come after the start")
+    if ends_at <= timezone.now():
+        raise ValueError("the end is in the past")
+    if not Team.objects.filter(members=user).filter(members=delegate).exists():
+        raise ValueError(f"{delegate.get_username()} is in none of your teams")
+    with atomic():
+        made = Delegation.objects.create(user=user, delegate=delegate, starts_at=starts_at, ends_at=ends_at)
+        if starts_at > timezone.now():
+            return made
+        name, to = user.get_username(), delegate.get_username()
+        # As JSON text: SQLite has no JSON containment; the exact test is below.
+        pending = Interrupt.objects.filter(status=Interrupt.Status.PENDING, assignees__icontains=f'"{name}"')
+        for it in pending.select_for_update() if _locks() else pending:
+            if name not in (it.assignees or []) or to in it.assignees:
+                continue
+            if not Team.objects.filter(pk__in=it.team_ids, members=delegate).exists():
+                continue
+            if (
+                not it.requester_may_approve
+                and Run.objects.filter(pk=it.run_id, started_by=delegate).exists()
+            ):
+                continue
+            it.assignees = [to if each == name else each for each in it.assignees]
+            Interrupt.objects.filter(pk=it.pk, status=Interrupt.Status.PENDING).update(assignees=it.assignees)
+            log(it.run_id, RunEvent.Kind.ASSIGNED, user, it, seq=it.seq, delegated={name: to})
+            inbox_changed("approval", it, before=it.team_ids, after=it.team_ids)
+    return made
+
+
+def _locks() -> bool:
+    from django.db import connection
+
+    return bool(connection.features.has_select_for_update)
+
+
+def end_away(delegation: Delegation) -> None:
+    """Back: new interrupts are assigned to the user again (those moved stay with the delegate)."""
+    now = timezone.now()
+    if delegation.ends_at > now:
+        Delegation.objects.filter(pk=delegation.pk).update(
+            ends_at=max(now, delegation.starts_at + timedelta(microseconds=1))
+        )
+
+
+__all__ = [
+    "Routed",
+    "Verdict",
+    "dry_run",
+    "end_away",
+    "evaluate",
+    "give_grant",
+    "revoke_grant",
+    "route",
+    "set_away",
+    "settle",
+]
