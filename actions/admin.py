@@ -5,6 +5,8 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.contrib.admin import helpers
+from django.contrib.auth import get_user_model
 from django.db.models.constants import LOOKUP_SEP
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
@@ -14,7 +16,8 @@ from django.utils.html import format_html
 from pydantic import ValidationError
 
 from actions import engine, notify
-from actions.core import describe_errors, field_errors, registry
+from actions.core import ConditionError, compile_condition, describe_errors, field_errors, registry
+from actions.engine import rules
 from actions.models import (
     PERSON_EVENTS,
     ApiToken,
@@ -22,7 +25,9 @@ from actions.models import (
     AuditCheck,
     AuditExport,
     AuditHead,
+    Delegation,
     DeliveryAttempt,
+    Grant,
     Interrupt,
     Notification,
     Policy,
@@ -31,6 +36,7 @@ from actions.models import (
     RunEvent,
     Team,
     TeamChannels,
+    TeamRule,
     Webhook,
 )
 
@@ -117,6 +123,177 @@ class PolicyAdmin(GuardedAdmin):
         "requester_may_approve",
     ]
     list_filter = ["team"]
+
+
+class TeamRuleForm(forms.ModelForm[TeamRule]):
+    """A team's rule, refused when saved unless it can work: a condition that compiles (the
+    error names the line and column), the fields its outcome needs, an answer that fits."""
+
+    class Meta:
+        model = TeamRule
+        fields = [
+            "team", "name", "action", "when", "then", "answer", "reason", "approvals", "assignees",
+            "route_to", "position", "enabled",
+        ]  # fmt: skip
+        widgets = {"when": forms.Textarea(attrs={"rows": 3, "cols": 80, "spellcheck": "false"})}
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if when := cleaned.get("when"):
+            try:
+                compile_condition(when)
+            except ConditionError as exc:
+                self.add_error("when", f"This is not a condition a rule can use: {exc}.")
+        name = cleaned.get("action") or ""
+        act = registry.find(name) if name else None
+        if name and act is None:
+            self.add_error("action", f"There is no action named {name!r}.")
+        then = cleaned.get("then")
+        if then == TeamRule.Then.APPROVE:
+            self._clean_approve(act, cleaned.get("answer"))
+        elif then == TeamRule.Then.REJECT and not (cleaned.get("reason") or "").strip():
+            self.add_error("reason", "A rule that rejects must give the reason the run ends with.")
+        elif then == TeamRule.Then.REQUIRE and not cleaned.get("approvals"):
+            self.add_error("approvals", "Say how many people must approve.")
+        elif then == TeamRule.Then.ASSIGN:
+            names = [each.strip() for each in (cleaned.get("assignees") or "").split(",") if each.strip()]
+            known = set(
+                get_user_model().objects.filter(username__in=names).values_list("username", flat=True)
+            )
+            if not names:
+                self.add_error("assignees", "Name at least one user.")
+            elif unknown := [each for each in names if each not in known]:
+                self.add_error("assignees", f"No such user: {', '.join(unknown)}.")
+        elif then == TeamRule.Then.ROUTE:
+            route_to, team = cleaned.get("route_to"), cleaned.get("team") or self.instance.team_id
+            if route_to is None:
+                self.add_error("route_to", "Say which team it routes to.")
+            elif route_to == team or getattr(route_to, "pk", None) == getattr(team, "pk", team):
+                self.add_error("route_to", "Route to another team than the rule's own.")
+        return cleaned
+
+    def _clean_approve(self, act: Any, answer: Any) -> None:
+        if act is not None and not act.policy.auto_approve:
+            self.add_error("then", f"{act.name} may not be approved automatically (auto_approve=False).")
+        elif act is not None and act.answer_model is not None and answer is None:
+            self.add_error("answer", f"{act.name} takes a typed answer: give the one to approve with.")
+        elif act is not None and answer is not None:
+            try:
+                act.validate_answer(answer)
+            except ValidationError as exc:
+                errors = describe_errors(field_errors(exc), "answer")
+                self.add_error("answer", f"It does not fit {act.name}'s answer schema: {errors}")
+
+
+@admin.register(TeamRule)
+class TeamRuleAdmin(GuardedAdmin):
+    """A team's rules, with a dry run: what a new or changed rule would have done to the
+    team's last 1,000 interrupts, shown before it is saved."""
+
+    form = TeamRuleForm
+    change_form_template = "admin/actions/teamrule/change_form.html"
+    list_display = ["name", "team", "action", "when", "then", "position", "enabled"]
+    list_filter = ["team", "then", "enabled"]
+    search_fields = ["name", "when", "action"]
+    DRY_RUN_LIMIT = 1000
+    DRY_RUN_SHOWN = 50
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return ["team"] if obj is not None else []  # a rule stays with its team
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: Any = None,
+    ) -> HttpResponse:
+        if request.method == "POST" and "_dryrun" in request.POST:
+            return self.dry_run_view(request, object_id)
+        return super().changeform_view(request, object_id, form_url, extra_context)
+
+    def dry_run_view(self, request: HttpRequest, object_id: str | None) -> HttpResponse:
+        obj = self.get_object(request, object_id) if object_id else None
+        if object_id and obj is None:
+            raise Http404
+        if not (self.has_change_permission(request, obj) if obj else self.has_add_permission(request)):
+            raise Http404
+        form_class = self.get_form(request, obj, change=obj is not None)
+        form = form_class(request.POST, instance=obj)
+        context: dict[str, Any] = {}
+        if form.is_valid():
+            context["dry_run"] = self._dry_run(form.instance)
+        fieldsets: Any = list(self.get_fieldsets(request, obj))
+        readonly = self.get_readonly_fields(request, obj)
+        admin_form = helpers.AdminForm(form, fieldsets, {}, readonly, model_admin=self)
+        context.update(
+            self.admin_site.each_context(request),
+            title=f"Dry run of {form.instance.name or 'a new rule'}",
+            subtitle=None,
+            adminform=admin_form,
+            object_id=object_id,
+            original=obj,
+            is_popup=False,
+            to_field=None,
+            media=self.media + admin_form.media,
+            inline_admin_formsets=[],
+            errors=helpers.AdminErrorList(form, []),
+            preserved_filters=self.get_preserved_filters(request),
+        )
+        return self.render_change_form(request, context, add=obj is None, change=obj is not None, obj=obj)
+
+    def _dry_run(self, rule: TeamRule) -> dict[str, Any]:
+        compiled = rules.Compiled(
+            rule.name,
+            rule.action,
+            compile_condition(rule.when),
+            rules.outcome_of(rule),
+            rule.pk,
+            (rule.position, rule.pk or 2**62),
+        )
+        looked, held, failed = rules.dry_run(rule.team, compiled, self.DRY_RUN_LIMIT)
+        agreeing = [each.agrees for each in held]
+        return {
+            "looked": looked,
+            "limit": self.DRY_RUN_LIMIT,
+            "held": held[: self.DRY_RUN_SHOWN],
+            "held_count": len(held),
+            "failed": failed[:10],
+            "failed_count": len(failed),
+            "outcome": compiled.then.describe(),
+            "agree": agreeing.count(True),
+            "disagree": agreeing.count(False),
+            "taken_earlier": sum(1 for each in held if each.earlier),
+            "still_pending": sum(1 for each in held if each.interrupt.status == Interrupt.Status.PENDING),
+        }
+
+
+@admin.register(Grant)
+class GrantAdmin(GuardedAdmin):
+    """Standing grants, given from the decision form: listed, revoked at once (they are also on
+    each team's Grants page)."""
+
+    list_display = [
+        "id", "team", "action", "granted_by_name", "scope", "expires_at", "uses", "last_used_at",
+        "revoked_at",
+    ]  # fmt: skip
+    list_filter = ["team", "action"]
+    readonly_fields = [field.name for field in Grant._meta.fields] + ["scope"]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # given by approving, from the decision form
+
+    @admin.action(description="Revoke the selected grants now")
+    def revoke(self, request: HttpRequest, queryset: Any) -> None:
+        done = sum(rules.revoke_grant(grant, request.user) for grant in queryset)
+        self.message_user(request, f"Revoked {done} grant{'s' if done != 1 else ''}.")
+
+
+@admin.register(Delegation)
+class DelegationAdmin(GuardedAdmin):
+    list_display = ["user", "delegate", "starts_at", "ends_at"]
+    autocomplete_fields = ["user", "delegate"]
 
 
 @admin.register(ApiToken)

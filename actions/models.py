@@ -479,6 +479,7 @@ class Grant(models.Model):
     condition = models.TextField(blank=True)
     # One of the two: the same requester ("user:<id>", "token:<id>"), or this run.
     requester = models.CharField(max_length=40, blank=True)
+    requester_name = models.CharField(max_length=150, blank=True)
     run = models.ForeignKey(Run, models.CASCADE, null=True, blank=True, related_name="+")
     expires_at = models.DateTimeField(null=True, blank=True, help_text="Empty: until revoked.")
     created_at = models.DateTimeField(default=timezone.now)
@@ -501,6 +502,12 @@ class Grant(models.Model):
     def is_live(self, now: Any = None) -> bool:
         now = now or timezone.now()
         return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)
+
+    @property
+    def scope(self) -> str:
+        what = f"arguments where {self.condition}" if self.condition else "the same arguments"
+        who = f"in run {self.run_id}" if self.run_id else f"from {self.requester_name or self.requester}"
+        return f"{what}, {who}"
 
 
 class Delegation(models.Model):

@@ -27,7 +27,7 @@ from actions.core import (
     action,
 )
 from actions.engine import rules
-from actions.models import Grant, Interrupt, Run, RunEvent, Team, TeamRule
+from actions.models import Delegation, Grant, Interrupt, Run, RunEvent, Team, TeamRule
 from tests.conftest import member
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps", "database")]
@@ -273,13 +273,13 @@ def test_a_grant_by_condition_expires_and_is_revoked_at_once(
     Grant.objects.filter(pk=hourly.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     rules.rules_changed(team.pk)
     assert only(start(team, "rules_refund", 45, by=requester)).status == "pending"
-    with pytest.raises(ConditionError):
+    with pytest.raises(rules.GrantRefused, match="column 14"):
         rules.give_grant(first, reviewer, lasting="hour", condition="data.amount <")
 
 
 def test_a_grant_for_this_run_covers_only_the_run(team: Team, reviewer: User) -> None:
     first = only(start(team, "rules_refund", 30))
-    with pytest.raises(ValueError, match="no requester"):
+    with pytest.raises(rules.GrantRefused, match="no requester"):
         rules.give_grant(first, reviewer, lasting="hour")
     grant = rules.give_grant(first, reviewer, lasting="run")
     assert grant.run_id == first.run_id and grant.expires_at is None
@@ -307,7 +307,7 @@ def test_no_grant_lets_its_giver_approve_what_they_may_not(
     rules.rules_changed(team.pk)
     assert only(start(team, "rules_separated", 30, by=requester)).status == "pending"
     manual = only(start(team, "rules_manual", 1, by=requester))
-    with pytest.raises(ValueError, match="automatically"):
+    with pytest.raises(rules.GrantRefused, match="automatically"):
         rules.give_grant(manual, requester, lasting="hour")
 
 
@@ -357,3 +357,181 @@ def test_a_delegate_who_started_the_run_does_not_take_it_over_against_separation
         "started the run"
         in RunEvent.objects.get(interrupt=it, kind="interrupted").detail["not_delegated"]["reviewer1"]
     )
+
+
+# The admin: refused when saved, dry run before
+
+
+@pytest.fixture
+def admin_client(db: Any) -> Any:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="pw-root"))
+    return client
+
+
+def rule_form(team: Team, **fields: Any) -> dict[str, Any]:
+    return {
+        "team": team.pk, "name": "small refunds", "action": "rules_refund", "when": "data.amount < 40.0",
+        "then": "approve", "answer": "", "reason": "", "approvals": "", "assignees": "", "route_to": "",
+        "position": "0", "enabled": "on", **fields,
+    }  # fmt: skip
+
+
+def test_the_admin_refuses_a_rule_that_cannot_work_naming_what(admin_client: Any, team: Team) -> None:
+    url = "/admin/actions/teamrule/add/"
+    cases = {
+        "data.amount <": "line 1, column 14: the condition ends too early",
+        "amout < 3": "Undefined variable or function: &#x27;amout&#x27;",
+    }
+    for when, said in cases.items():
+        response = admin_client.post(url, rule_form(team, when=when))
+        assert response.status_code == 200 and said in response.content.decode()
+    refused = {
+        "then=reject": ({"then": "reject"}, "must give the reason"),
+        "approve manual": ({"action": "rules_manual"}, "may not be approved automatically"),
+        "typed without": ({"action": "rules_typed"}, "takes a typed answer"),
+        "typed wrong": ({"action": "rules_typed", "answer": '{"approved": "x"}'}, "does not fit rules_typed"),
+        "unknown action": ({"action": "nope"}, "There is no action named"),
+        "assign nobody": ({"then": "assign", "assignees": "ghost"}, "No such user: ghost"),
+        "route self": ({"then": "route", "route_to": str(team.pk)}, "another team"),
+        "require": ({"then": "require"}, "how many people"),
+    }
+    for case, (fields, said) in refused.items():
+        response = admin_client.post(url, rule_form(team, **fields))
+        assert said in response.content.decode(), case
+    assert not TeamRule.objects.exists()
+    response = admin_client.post(url, rule_form(team))
+    assert response.status_code == 302 and TeamRule.objects.get().when == "data.amount < 40.0"
+
+
+def test_the_dry_run_shows_what_the_rule_would_have_decided_without_saving(
+    admin_client: Any, team: Team, reviewer: User
+) -> None:
+    for amount in (10, 30, 50, 70):
+        it = only(start(team, "rules_refund", amount))
+        if amount == 10:
+            engine.reject(it, "no", reviewer)
+        elif amount == 30:
+            engine.resume(it, {"approved": True}, reviewer)
+    start(team, "rules_typed", 5)  # another action: not looked at by a rule for rules_refund
+    team_rule(team, "first", "data.amount == 30.0", "reject", reason="x", position=0)
+    response = admin_client.post(
+        "/admin/actions/teamrule/add/", {**rule_form(team, position="5"), "_dryrun": "1"}
+    )
+    page = response.content.decode()
+    assert response.status_code == 200, page
+    assert (
+        "Of the team's last <strong>5</strong> interrupts, the condition holds for <strong>2</strong>" in page
+    )
+    assert "people decided <strong>1</strong> the same way and <strong>1</strong> the other way" in page
+    assert "An earlier rule of the team holds first for <strong>1</strong>" in page
+    assert "— (rule “first” holds first)" in page
+    assert TeamRule.objects.count() == 1  # nothing saved
+    response = admin_client.post(
+        "/admin/actions/teamrule/add/", {**rule_form(team, when="data.missing < 3"), "_dryrun": "1"}
+    )
+    assert "fails to evaluate on <strong>4</strong>" in response.content.decode()
+    bad = admin_client.post(
+        "/admin/actions/teamrule/add/", {**rule_form(team, when="data.amount <"), "_dryrun": "1"}
+    )
+    assert "column 14" in bad.content.decode() and "Dry run:" not in bad.content.decode()
+
+
+# The pages: granting from the decision form, the Grants page, Away
+
+
+def signed_in(user: User) -> Any:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_approving_with_a_grant_from_the_form_approves_the_next_same_request(
+    team: Team, reviewer: User, requester: User, outsider: User
+) -> None:
+    first = only(start(team, "rules_refund", 30, by=requester))
+    client = signed_in(reviewer)
+    page = client.get(f"/interrupts/{first.pk}/").content.decode()
+    assert "Approve, and allow the same" in page and "from <strong>requester1</strong>" in page
+    bad = client.post(
+        f"/interrupts/{first.pk}/approve/",
+        {
+            "comment": "",
+            "grant-lasting": "hour",
+            "grant-scope": "condition",
+            "grant-condition": "data.amount <",
+        },
+    )
+    assert bad.status_code == 422 and "column 14" in bad.content.decode()
+    assert Interrupt.objects.get(pk=first.pk).status == "pending" and not Grant.objects.exists()
+    done = client.post(
+        f"/interrupts/{first.pk}/approve/",
+        {"answer-comment": "fine", "grant-lasting": "hour", "grant-scope": "same"},
+    )
+    assert done.status_code == 302
+    grant = Grant.objects.get()
+    assert (grant.granted_by, grant.requester_name, grant.answer) == (
+        reviewer,
+        "requester1",
+        {"approved": True, "comment": "fine"},
+    )
+    assert grant.expires_at is not None and grant.expires_at - timezone.now() > timedelta(minutes=59)
+    assert only(start(team, "rules_refund", 30, by=requester)).decided_via == "grant"
+    listed = client.get("/grants/").content.decode()
+    assert f'id="grant-{grant.pk}"' in listed and "the same arguments, from requester1" in listed
+    assert signed_in(outsider).post(f"/grants/{grant.pk}/revoke/").status_code == 404
+    assert f'id="grant-{grant.pk}"' not in signed_in(outsider).get("/grants/").content.decode()
+    assert signed_in(requester).post(f"/grants/{grant.pk}/revoke/").status_code == 302  # any member
+    grant.refresh_from_db()
+    assert grant.revoked_at is not None and grant.revoked_by_name == "requester1"
+    assert only(start(team, "rules_refund", 30, by=requester)).status == "pending"
+
+
+def test_no_grant_is_offered_or_taken_where_it_may_not_apply(
+    team: Team, reviewer: User, requester: User
+) -> None:
+    manual = only(start(team, "rules_manual", 30, by=requester))
+    client = signed_in(reviewer)
+    assert "allow the same" not in client.get(f"/interrupts/{manual.pk}/").content.decode()
+    refused = client.post(
+        f"/interrupts/{manual.pk}/approve/", {"answer-comment": "", "grant-lasting": "revoked"}
+    )
+    assert refused.status_code == 422 and "takes no grant" in refused.content.decode()
+    assert Interrupt.objects.get(pk=manual.pk).status == "pending" and not Grant.objects.exists()
+    unknown = client.post(
+        f"/interrupts/{manual.pk}/approve/", {"answer-comment": "", "grant-lasting": "forever"}
+    )
+    assert unknown.status_code == 422 and Interrupt.objects.get(pk=manual.pk).status == "pending"
+
+
+def test_away_hands_assigned_approvals_to_a_teammate_and_back(
+    team: Team, reviewer: User, second_reviewer: User, outsider: User
+) -> None:
+    team_rule(team, "one", "true", "assign", assignees="reviewer1")
+    client = signed_in(reviewer)
+    page = client.get("/settings/away/").content.decode()
+    assert "reviewer2" in page and "payroll1" not in page  # teammates only
+    now = timezone.now()
+    form = {
+        "starts_at": now.strftime("%Y-%m-%dT%H:%M"),
+        "ends_at": (now + timedelta(days=2)).strftime("%Y-%m-%dT%H:%M"),
+    }
+    wrong = client.post("/settings/away/", {**form, "delegate": outsider.pk})
+    assert wrong.status_code == 422 and not Delegation.objects.exists()
+    backwards = client.post(
+        "/settings/away/", {**form, "delegate": second_reviewer.pk, "ends_at": form["starts_at"]}
+    )
+    assert backwards.status_code == 422 and "after the start" in backwards.content.decode()
+    assert client.post("/settings/away/", {**form, "delegate": second_reviewer.pk}).status_code == 302
+    assert only(start(team, "rules_refund", 1)).assignees == ["reviewer2"]
+    assert (
+        "You decide for <strong>reviewer1</strong>"
+        in signed_in(second_reviewer).get("/settings/away/").content.decode()
+    )
+    absence = Delegation.objects.get()
+    assert client.post(f"/settings/away/{absence.pk}/back/").status_code == 302
+    assert only(start(team, "rules_refund", 2)).assignees == ["reviewer1"]

@@ -51,6 +51,7 @@ from actions.core import (
     registry,
 )
 from actions.drivers.base import arguments_hash
+from actions.engine.errors import InvalidInput
 from actions.models import Delegation, Grant, Interrupt, Run, RunEvent, Team, TeamRule
 
 logger = logging.getLogger(__name__)
@@ -515,25 +516,36 @@ def dry_run(team: Team, rule: Compiled, limit: int = 1000) -> tuple[int, list[Wo
 GRANT_FOR = {"hour": timedelta(hours=1), "run": None, "revoked": None}
 
 
+class GrantRefused(InvalidInput):
+    """A grant that cannot be given: nothing is decided with it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, [{"loc": ["grant"], "msg": message}])
+
+
 def give_grant(
     interrupt: Interrupt, by: Any, *, lasting: str, condition: str = "", answer: Any = None
 ) -> Grant:
-    """A grant from an approval ``by`` just made of ``interrupt``: for an hour, for this run, or
-    until revoked; for the same arguments, or for arguments where ``condition`` holds.
-    ValueError (or ConditionError) says why not."""
+    """A grant from the approval ``by`` makes of ``interrupt`` (in its transaction: see
+    decisions.resume's ``also``): for an hour, the rest of this run, or until revoked; for the
+    same arguments, or for arguments where ``condition`` holds; for the same requester (or this
+    run). GrantRefused says why not."""
     if lasting not in GRANT_FOR:
-        raise ValueError("say how long the grant lasts: an hour, this run, or until revoked")
+        raise GrantRefused("say how long the grant lasts: an hour, this run, or until revoked")
     act = registry.find(interrupt.action)
     if act is not None and not act.policy.auto_approve:
-        raise ValueError(f"{interrupt.action} may not be approved automatically, so it takes no grant")
+        raise GrantRefused(f"{interrupt.action} may not be approved automatically, so it takes no grant")
     if interrupt.approvals_required != 1:
-        raise ValueError("a grant is one person's approval; this needs several")
+        raise GrantRefused("a grant is one person's approval, and this needs several")
     run = Run.objects.get(pk=interrupt.run_id)
     who = requester_key(run)
     if lasting != "run" and not who:
-        raise ValueError("this run has no requester to scope the grant to; grant it for this run")
+        raise GrantRefused("this run has no requester to scope the grant to: grant it for this run")
     if condition:
-        compile_condition(condition)
+        try:
+            compile_condition(condition)
+        except ConditionError as exc:
+            raise GrantRefused(f"the condition is not one a grant can use: {exc}") from None
     lasts = GRANT_FOR[lasting]
     return Grant.objects.create(
         team_id=interrupt.team_id,
@@ -545,6 +557,7 @@ def give_grant(
         arguments_sha256="" if condition else arguments_key(run, interrupt),
         condition=condition,
         requester="" if lasting == "run" else who,
+        requester_name="" if lasting == "run" else requester_name(run),
         run=run if lasting == "run" else None,
         expires_at=timezone.now() + lasts if lasts is not None else None,
     )

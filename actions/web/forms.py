@@ -127,6 +127,53 @@ class ApprovalForm(forms.Form):
             self.add_error(None, error["msg"])
 
 
+class GrantForm(forms.Form):
+    """On the approve form: approve, and allow the same for a while (a standing grant).
+    Prefixed "grant"."""
+
+    LASTING = [
+        ("", "Just this once"),
+        ("hour", "For 1 hour"),
+        ("run", "For the rest of this run"),
+        ("revoked", "Until revoked"),
+    ]
+    lasting = forms.ChoiceField(
+        choices=LASTING, required=False, widget=forms.RadioSelect, label="Allow the same", initial=""
+    )
+    scope = forms.ChoiceField(
+        choices=[("same", "with the same arguments"), ("condition", "with arguments where (CEL)")],
+        required=False,
+        widget=forms.RadioSelect,
+        initial="same",
+        label="",
+    )
+    condition = forms.CharField(
+        required=False,
+        max_length=2000,
+        label="Condition",
+        help_text="e.g. <code>data.amount &lt;= 50.0</code>; it reads data, input, action, team and "
+        "requester.",
+    )
+
+    def clean(self) -> dict[str, Any]:
+        from actions.core import ConditionError, compile_condition
+
+        cleaned = super().clean() or {}
+        if cleaned.get("lasting") and cleaned.get("scope") == "condition":
+            condition = (cleaned.get("condition") or "").strip()
+            if not condition:
+                self.add_error("condition", "Write the condition the arguments must meet.")
+            else:
+                try:
+                    compile_condition(condition)
+                except ConditionError as exc:
+                    self.add_error("condition", f"This is not a condition a grant can use: {exc}.")
+            cleaned["condition"] = condition
+        else:
+            cleaned["condition"] = ""
+        return cleaned
+
+
 class RejectForm(forms.Form):
     reason = forms.CharField(
         max_length=2000,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from actions.web import bulk, history, links, slack, views
+from actions.web import bulk, grants, history, links, slack, views
 
 urlpatterns = [
     path("", views.inbox, name="inbox"),
@@ -20,6 +20,10 @@ urlpatterns = [
     path("history/export.<str:fmt>", history.export_interrupts, name="history_export"),
     path("history/events.<str:fmt>", history.export_events, name="history_events"),
     path("settings/notifications/", views.preferences, name="notification-preferences"),
+    path("grants/", grants.grants, name="grants"),
+    path("grants/<int:pk>/revoke/", grants.revoke, name="revoke-grant"),
+    path("settings/away/", grants.away, name="away"),
+    path("settings/away/<int:pk>/back/", grants.back, name="away-back"),
     # A mail's personal decision link, and Slack's interactions (signed by Slack, not a session).
     path("d/<str:token>/", links.decision_link, name="decision-link"),
     path("slack/interactions", slack.interactions, name="slack-interactions"),

@@ -25,8 +25,9 @@ from django_htmx.middleware import HtmxDetails
 
 from actions import engine
 from actions.core import UnknownAction, registry
+from actions.engine import rules
 from actions.models import InboxStream, Interrupt, Preferences, Run, RunEvent, Team, Webhook
-from actions.web.forms import ApprovalForm, RejectForm, SchemaForm, answer_form, form_for_schema
+from actions.web.forms import ApprovalForm, GrantForm, RejectForm, SchemaForm, answer_form, form_for_schema
 
 
 class AuthenticatedRequest(HttpRequest):
@@ -163,8 +164,19 @@ def _decision_context(request: AuthenticatedRequest, interrupt: Interrupt, **ext
     if "edit_form" not in extra:
         # An agent's tool call may be approved with its arguments edited.
         context["edit_form"] = edit_form(interrupt) if can_decide and not may_not_approve else None
+    if context["can_approve"] and may_grant(interrupt):
+        # "Approve, and allow the same for an hour / this run / until revoked."
+        context["grant_form"] = GrantForm(prefix="grant")
+        context["grant_requester"] = interrupt.run.started_by_name
     context.update(extra)
     return context
+
+
+def may_grant(interrupt: Interrupt) -> bool:
+    """Whether approving ``interrupt`` may come with a standing grant: one approver, and an
+    action that may be approved automatically."""
+    act = registry.find(interrupt.action)
+    return interrupt.approvals_required == 1 and (act is None or act.policy.auto_approve)
 
 
 def edit_form(interrupt: Interrupt, data: Any = None) -> SchemaForm | None:
@@ -302,14 +314,26 @@ def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     shown: dict[str, Any] = {"answer_form": form}
     if edited is not None:
         shown.update(edit_form=edited, open_edit=True)
-    decided = _decide(
-        request,
-        interrupt,
-        "approved",
-        form,
-        lambda: engine.resume(interrupt, form.payload(), request.user, arguments=arguments),
-        **shown,
-    )
+    granting = GrantForm(request.POST, prefix="grant")
+    if not granting.is_valid() or (granting.cleaned_data["lasting"] and arguments is not None):
+        if granting.is_valid():
+            granting.add_error(
+                "lasting", "A grant approves calls as they are proposed: it cannot carry an edit."
+            )
+        return _render_decision(request, interrupt, status=422, grant_form=granting, open_grant=True, **shown)
+    lasting, condition = granting.cleaned_data["lasting"], granting.cleaned_data["condition"]
+
+    def approve_it() -> Interrupt:
+        also = None
+        if lasting:
+            answer = engine.validate_answer(interrupt, form.payload())
+
+            def also() -> None:
+                rules.give_grant(interrupt, request.user, lasting=lasting, condition=condition, answer=answer)
+
+        return engine.resume(interrupt, form.payload(), request.user, arguments=arguments, also=also)
+
+    decided = _decide(request, interrupt, "approved", form, approve_it, **shown)
     if isinstance(decided, HttpResponse):
         return decided
     restarted = getattr(decided, "count_restarted", None)
@@ -322,6 +346,13 @@ def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     if decided.is_pending:
         count = len(engine.counted_approvals(decided))
         return _decided(request, interrupt, f"Approved: {count} of {decided.approvals_required} approvals.")
+    if lasting:
+        said = dict(GrantForm.LASTING)[lasting].lower()
+        return _decided(
+            request,
+            interrupt,
+            f"Approved “{interrupt.message}”, and the same is allowed {said} (see Grants).",
+        )
     if decided.edited_arguments is not None:
         return _decided(
             request, interrupt, f"Approved “{interrupt.message}” with the arguments as you edited them."
