@@ -77,7 +77,12 @@ class DeletionAnswer(BaseModel):
     ticket: str = Field(min_length=3, max_length=50, description="Ticket that authorises this")
 
 
-@action(input=CustomerInput, answer=DeletionAnswer, policy=ApprovalPolicy(requester_may_approve=False))
+# No rule or standing grant may approve a deletion: a person must, every time.
+@action(
+    input=CustomerInput,
+    answer=DeletionAnswer,
+    policy=ApprovalPolicy(requester_may_approve=False, auto_approve=False),
+)
 def delete_customer_data(ctx: ActionContext) -> dict[str, Any]:
     """Irreversibly delete a customer's data. The reviewer must retype the customer id."""
     customer_id = ctx.input.customer_id

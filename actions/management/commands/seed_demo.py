@@ -9,7 +9,7 @@ from django.db import transaction
 
 from actions import engine
 from actions.drivers.agent import start_agent
-from actions.models import ApiToken, Policy, Run, Team
+from actions.models import ApiToken, Policy, Run, Team, TeamRule
 
 DEMO_RUNS = [
     ("send_invoice", {"invoice_id": "INV-2041", "amount": 420.0}),
@@ -83,6 +83,28 @@ class Command(BaseCommand):
             # A policy to show in the inbox: announcements not decided within 8 hours expire.
             Policy.objects.get_or_create(
                 team=team, action="publish_announcement", defaults={"deadline_minutes": 480}
+            )
+            # Rules to show in the admin: one in force, one to dry-run before enabling it.
+            TeamRule.objects.get_or_create(
+                team=team,
+                name="big transfers need two",
+                defaults={
+                    "action": "transfer_funds",
+                    "when": "data.amount > 10000.0",
+                    "then": TeamRule.Then.REQUIRE,
+                    "approvals": 2,
+                },
+            )
+            TeamRule.objects.get_or_create(
+                team=team,
+                name="small invoices",
+                defaults={
+                    "action": "send_invoice",
+                    "when": "data.amount < 50.0",
+                    "then": TeamRule.Then.APPROVE,
+                    "position": 1,
+                    "enabled": False,
+                },
             )
             ApiToken.objects.filter(team=team, name="demo", revoked_at=None).update(
                 revoked_at=team.created_at
