@@ -70,3 +70,4 @@ bench: venv
 	$(BIN)/python -m bench.api_latency
 	$(BIN)/python -m bench.row_visible
 	$(BIN)/python -m bench.recovery
+	$(BIN)/python -m bench.rules

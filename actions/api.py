@@ -494,7 +494,9 @@ class HistoryItem(Schema):
     reason: str
     requested_by: str
     decided_by: str
-    decided_via: str = Field(description="dashboard, api, email, slack, bulk, deadline or policy")
+    decided_via: str = Field(
+        description="dashboard, api, email, slack, bulk, deadline, policy, rule or grant"
+    )
     edited_arguments: Any
     comments: int
     created_at: datetime

@@ -164,6 +164,7 @@ Execute: TypeAlias = Callable[[ActionContext], Any] | Callable[[ActionContext], 
 CONDITION_VARIABLES = ("data", "input", "action", "team", "requester")
 MAX_CONDITION_CHARS = 2000
 _WHERE = re.compile(r"<input>:(\d+):(\d+)")
+_UNDEFINED = re.compile(r"Undefined variable or function: '([^']+)'")
 
 
 class ConditionError(ValueError):
@@ -202,10 +203,14 @@ def compile_condition(text: str) -> cel.Program:
     try:
         program.execute(cel.Context(probe))
     except RuntimeError as exc:
-        # Undefined variable or function: the only error that does not depend on the values.
-        if "Undefined" in str(exc):
+        # An undefined name does not depend on the values, unless it is a method called on a
+        # value of another type (``requester.startsWith`` on the probe's null): only a bare
+        # name (a variable, or a function called alone) is refused.
+        found = _UNDEFINED.search(str(exc))
+        if found and re.search(rf"(?<![.\w]){re.escape(found[1])}\b", text):
             raise ConditionError(
-                f"{str(exc).split('. ', 1)[0]}; a condition can read {', '.join(CONDITION_VARIABLES)}"
+                f"there is no variable or function {found[1]!r}; a condition can read"
+                f" {', '.join(CONDITION_VARIABLES)}"
             ) from None
     except Exception:  # noqa: BLE001, S110 - any other error depends on the values: fine here
         pass

@@ -197,10 +197,10 @@ class Reviewer:
 
 def reviewers(interrupts: QuerySet[Interrupt], days: int) -> list[Reviewer]:
     """Per person who decided in the period: how many, the median time to decision, and the
-    share rejected (decisions by a deadline or a policy are nobody's)."""
+    share rejected (decisions by a deadline, a policy, a rule or a grant are nobody's)."""
     rows = (
         _decided_in(interrupts, days)
-        .exclude(decided_via__in=["deadline", "policy"])
+        .exclude(decided_via__in=["deadline", "policy", "rule", "grant"])
         .values_list("decided_by_name", "status", "created_at", "decided_at")
     )
     seconds: dict[str, list[float]] = defaultdict(list)
