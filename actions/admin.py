@@ -7,6 +7,7 @@ from django import forms
 from django.contrib import admin
 from django.contrib.admin import helpers
 from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
 from django.db.models.constants import LOOKUP_SEP
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
@@ -157,13 +158,13 @@ class TeamRuleForm(forms.ModelForm[TeamRule]):
             self.add_error("approvals", "Say how many people must approve.")
         elif then == TeamRule.Then.ASSIGN:
             names = [each.strip() for each in (cleaned.get("assignees") or "").split(",") if each.strip()]
-            known = set(
-                get_user_model().objects.filter(username__in=names).values_list("username", flat=True)
-            )
+            team = cleaned.get("team") or self.instance.team
+            members = get_user_model().objects.filter(username__in=names, teams=team, is_active=True)
+            known = set(members.values_list("username", flat=True))
             if not names:
                 self.add_error("assignees", "Name at least one user.")
             elif unknown := [each for each in names if each not in known]:
-                self.add_error("assignees", f"No such user: {', '.join(unknown)}.")
+                self.add_error("assignees", f"Not a member of {team}: {', '.join(unknown)}.")
         elif then == TeamRule.Then.ROUTE:
             route_to, team = cleaned.get("route_to"), cleaned.get("team") or self.instance.team_id
             if route_to is None:
@@ -218,6 +219,9 @@ class TeamRuleAdmin(GuardedAdmin):
             raise Http404
         if not (self.has_change_permission(request, obj) if obj else self.has_add_permission(request)):
             raise Http404
+        if not request.user.has_perm("actions.view_interrupt"):
+            # The dry run shows the team's interrupts: only to whoever may read them anyway.
+            raise PermissionDenied("The dry run shows interrupts: it needs the permission to view them.")
         form_class = self.get_form(request, obj, change=obj is not None)
         form = form_class(request.POST, instance=obj)
         context: dict[str, Any] = {}

@@ -166,6 +166,51 @@ MAX_CONDITION_CHARS = 2000
 _WHERE = re.compile(r"<input>:(\d+):(\d+)")
 _UNDEFINED = re.compile(r"Undefined variable or function: '([^']+)'")
 
+# Strings (so that what they hold is not read as names), comprehension macros, bare names.
+_STRINGS = re.compile(
+    r"""[rRbB]{0,2}(\"\"\"[\s\S]*?\"\"\"|'\'\'[\s\S]*?'\'\'|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')"""
+)
+_MACRO_OPENS = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*$")
+_BOUND = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_]\w*)\s*,")
+_BARE_NAME = re.compile(r"(?<![.\w])([A-Za-z_]\w*)\b(\s*\()?")
+_LITERALS = frozenset({"true", "false", "null", "in"})
+# Each level multiplies the work by the size of a list: a condition must not be able to keep
+# the transaction that creates an interrupt busy for minutes.
+MAX_MACRO_NESTING = 2
+
+
+def _macro_nesting(code: str) -> int:
+    opened: list[bool] = []
+    deepest = 0
+    for index, char in enumerate(code):
+        if char == "(":
+            opened.append(bool(_MACRO_OPENS.search(code[max(0, index - 20) : index])))
+            deepest = max(deepest, sum(opened))
+        elif char == ")" and opened:
+            opened.pop()
+    return deepest
+
+
+def _unknown_name(code: str) -> str:
+    """A variable the condition reads that is not one of the five (nor a comprehension's, nor
+    a name CEL knows, such as a type). "" when there is none. Functions are not checked here:
+    CEL tells an unknown one from a known one only by its arguments' types, so a misspelt
+    function fails when evaluated (the dry run shows it, and the interrupt is left to people)."""
+    bound = set(_BOUND.findall(code)) | _LITERALS | set(CONDITION_VARIABLES)
+    context = cel.Context(dict.fromkeys(CONDITION_VARIABLES))
+    for found in _BARE_NAME.finditer(code):
+        name = found[1]
+        if name in bound or found[2]:
+            continue
+        try:
+            cel.compile(name).execute(context)
+        except RuntimeError as exc:
+            if _UNDEFINED.search(str(exc)):
+                return name
+        except Exception:  # noqa: BLE001, S112 - known, and failing for its value
+            continue
+    return ""
+
 
 class ConditionError(ValueError):
     """A condition that is not CEL, or names what a rule cannot see; says where."""
@@ -199,21 +244,15 @@ def compile_condition(text: str) -> cel.Program:
         if found:
             raise ConditionError(reason, int(found[1]), int(found[2])) from None
         raise ConditionError(reason) from None
-    probe = dict.fromkeys(CONDITION_VARIABLES)
-    try:
-        program.execute(cel.Context(probe))
-    except RuntimeError as exc:
-        # An undefined name does not depend on the values, unless it is a method called on a
-        # value of another type (``requester.startsWith`` on the probe's null): only a bare
-        # name (a variable, or a function called alone) is refused.
-        found = _UNDEFINED.search(str(exc))
-        if found and re.search(rf"(?<![.\w]){re.escape(found[1])}\b", text):
-            raise ConditionError(
-                f"there is no variable or function {found[1]!r}; a condition can read"
-                f" {', '.join(CONDITION_VARIABLES)}"
-            ) from None
-    except Exception:  # noqa: BLE001, S110 - any other error depends on the values: fine here
-        pass
+    code = _STRINGS.sub('""', text)
+    if _macro_nesting(code) > MAX_MACRO_NESTING:
+        raise ConditionError(
+            f"comprehensions (all, exists, exists_one, map, filter) nest at most {MAX_MACRO_NESTING} deep"
+        )
+    if unknown := _unknown_name(code):
+        raise ConditionError(
+            f"there is no variable {unknown!r}; a condition can read {', '.join(CONDITION_VARIABLES)}"
+        )
     return program
 
 

@@ -47,6 +47,15 @@ class Team(models.Model):
     # keeps them compiled (actions.engine.rules) and reads only this to know they are current.
     rules_version = models.BigIntegerField(default=0, editable=False)
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # Never written back from a loaded instance: a team saved in the admin while a rule
+        # changed would put the old version back, and processes would keep the old rules.
+        if not self._state.adding and kwargs.get("update_fields") is None:
+            kwargs["update_fields"] = [
+                f.name for f in self._meta.concrete_fields if not f.primary_key and f.name != "rules_version"
+            ]
+        super().save(*args, **kwargs)
+
     class Meta:
         ordering = ["name"]
 
@@ -470,7 +479,10 @@ class Grant(models.Model):
 
     team = models.ForeignKey(Team, models.CASCADE, related_name="grants")
     action = models.CharField(max_length=200)
-    granted_by = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="grants")
+    # Its decisions name it ("grant #12 (alice)"): it outlives its giver, void without them.
+    granted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, models.SET_NULL, null=True, related_name="grants", db_index=False
+    )
     granted_by_name = models.CharField(max_length=150)
     source = models.ForeignKey(Interrupt, models.SET_NULL, null=True, blank=True, related_name="+")
     answer = JSONField(null=True, blank=True)

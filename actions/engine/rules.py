@@ -33,7 +33,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import cel
-from django.db.models import F
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.db.models import F, Q
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 from django.utils import timezone
@@ -51,7 +53,7 @@ from actions.core import (
     registry,
 )
 from actions.drivers.base import arguments_hash
-from actions.engine.errors import InvalidInput
+from actions.engine.errors import AlreadyDecided, InvalidInput, retry_on_conflict
 from actions.models import Delegation, Grant, Interrupt, Run, RunEvent, Team, TeamRule
 
 logger = logging.getLogger(__name__)
@@ -121,7 +123,7 @@ def _compile_team(team_id: int, version: int, slug: str) -> TeamSet:
             # Refused when saved; only a rule written around the admin gets here.
             logger.error("team %s: rule %r is skipped: %s", slug, row.name, exc)
     grants: list[tuple[Grant, cel.Program | None]] = []
-    for grant in Grant.objects.filter(team_id=team_id, revoked_at=None).select_related("granted_by"):
+    for grant in live_grants(Grant.objects.filter(team_id=team_id)):
         condition: cel.Program | None = None
         if grant.condition:
             try:
@@ -131,6 +133,16 @@ def _compile_team(team_id: int, version: int, slug: str) -> TeamSet:
                 continue
         grants.append((grant, condition))
     return TeamSet(version, slug, tuple(rules), tuple(grants))
+
+
+def live_grants(grants: Any, now: datetime | None = None) -> Any:
+    """The grants in force: not revoked, not expired, and (for a run's) while the run goes on."""
+    now = now or timezone.now()
+    return (
+        grants.filter(revoked_at=None)
+        .filter(Q(expires_at=None) | Q(expires_at__gt=now))
+        .exclude(run__status__in=Run.FINISHED)
+    )
 
 
 def team_set(team_id: int, known: tuple[int, str] | None = None) -> TeamSet:
@@ -155,8 +167,6 @@ def rules_changed(team_id: int) -> None:
 @receiver([post_save, post_delete], sender=TeamRule)
 @receiver([post_save, post_delete], sender=Grant)
 def _bump(sender: Any, instance: TeamRule | Grant, **kwargs: Any) -> None:
-    if kwargs.get("update_fields") == frozenset({"uses", "last_used_at"}):
-        return
     rules_changed(instance.team_id)
 
 
@@ -164,6 +174,10 @@ def _bump(sender: Any, instance: TeamRule | Grant, **kwargs: Any) -> None:
 
 
 def requester_name(run: Run) -> str:
+    """Who started the run, as conditions read it: a username, "API token <name>" (no username
+    has a space), or "" for no one."""
+    if run.started_by_id is None and run.started_by_token_id is None:
+        return ""
     return run.started_by_name or ""
 
 
@@ -292,11 +306,18 @@ def _apply(run: Run, routed: Routed, rule: Compiled, action_name: str, policy: A
     elif isinstance(then, AssignTo):
         fields["assignees"] = list(then.users)
     elif isinstance(then, RouteTo):
+        from actions.engine import store
+        from actions.engine.policies import policy_fields, with_override
+
         team_id = Team.objects.filter(slug=then.team).values_list("pk", flat=True).first()
         if team_id is None:
             routed.note["rule_failed"] = {"rule": rule.name, "error": f"there is no team {then.team!r}"}
             return
-        fields["team_id"] = team_id
+        # Decided there as that team decides the action: its policy's assignees, deadline,
+        # escalation and approvals, not the first team's.
+        override, _, _ = store.team_policy(team_id, action_name)
+        theirs = with_override(action_name, override)
+        fields.update(policy_fields(team_id, action_name, timezone.now(), theirs), team_id=team_id)
     routed.note["rule"] = said
 
 
@@ -404,10 +425,18 @@ def grant_for(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPo
                 continue
         else:
             continue
-        giver = grant.granted_by
-        if not giver.is_active or not may_decide(giver, interrupt) or separation_of_duties(giver, interrupt):
+        # The giver as they are now (deactivated, or out of the team: the grant is void)...
+        if grant.granted_by_id is None:
             continue
-        return grant
+        giver = get_user_model().objects.filter(pk=grant.granted_by_id, is_active=True).first()
+        if giver is None or not may_decide(giver, interrupt) or separation_of_duties(giver, interrupt):
+            continue
+        # ...and the grant as it is now: revoked or expired a moment ago, it approves nothing.
+        used = Grant.objects.filter(pk=grant.pk, revoked_at=None).filter(
+            Q(expires_at=None) | Q(expires_at__gt=now)
+        )
+        if used.update(uses=F("uses") + 1, last_used_at=now):
+            return grant
     return None
 
 
@@ -418,25 +447,34 @@ def settle(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPolic
 
     decision, by = routed.decision, routed.decided_by
     if decision is None:
+        if "rule_failed" in routed.note:
+            return  # left to people: a grant does not stand in for a rule that failed
         grant = grant_for(run, interrupt, routed, policy)
         if grant is None:
             return
         decision, by = ("approve", grant.answer), f"grant #{grant.pk} ({grant.granted_by_name})"
-        Grant.objects.filter(pk=grant.pk).update(uses=F("uses") + 1, last_used_at=timezone.now())
-    kind, value = decision
-    if kind == "approve":
-        decisions.decide(
-            interrupt,
-            Interrupt.Status.APPROVED,
-            None,
-            answer=value,
-            then=decisions.resume_if_nothing_pending,
-            policy=by,
-        )
-    else:
-        decisions.decide(
-            interrupt, Interrupt.Status.REJECTED, None, reason=value, then=decisions.end_or_go_on, policy=by
-        )
+    by = by[: Interrupt._meta.get_field("decided_by_name").max_length]
+    try:
+        if decision[0] == "approve":
+            decisions.decide(
+                interrupt,
+                Interrupt.Status.APPROVED,
+                None,
+                answer=decision[1],
+                then=decisions.resume_if_nothing_pending,
+                policy=by,
+            )
+        else:
+            decisions.decide(
+                interrupt,
+                Interrupt.Status.REJECTED,
+                None,
+                reason=decision[1],
+                then=decisions.end_or_go_on,
+                policy=by,
+            )
+    except AlreadyDecided:
+        pass  # another pause of the step ended the run (a rejection): nothing left to decide
 
 
 def event_detail(routed: Routed) -> dict[str, Any]:
@@ -513,7 +551,13 @@ def dry_run(team: Team, rule: Compiled, limit: int = 1000) -> tuple[int, list[Wo
 # Standing grants and delegation, as people make them
 
 
-GRANT_FOR = {"hour": timedelta(hours=1), "run": None, "revoked": None}
+# How long a grant lasts: what the decision form offers, and for how long (None: until its
+# run ends, or until revoked).
+GRANT_LASTING: dict[str, tuple[str, timedelta | None]] = {
+    "hour": ("For 1 hour", timedelta(hours=1)),
+    "run": ("For the rest of this run", None),
+    "revoked": ("Until revoked", None),
+}
 
 
 class GrantRefused(InvalidInput):
@@ -530,7 +574,7 @@ def give_grant(
     decisions.resume's ``also``): for an hour, the rest of this run, or until revoked; for the
     same arguments, or for arguments where ``condition`` holds; for the same requester (or this
     run). GrantRefused says why not."""
-    if lasting not in GRANT_FOR:
+    if lasting not in GRANT_LASTING:
         raise GrantRefused("say how long the grant lasts: an hour, this run, or until revoked")
     act = registry.find(interrupt.action)
     if act is not None and not act.policy.auto_approve:
@@ -546,7 +590,7 @@ def give_grant(
             compile_condition(condition)
         except ConditionError as exc:
             raise GrantRefused(f"the condition is not one a grant can use: {exc}") from None
-    lasts = GRANT_FOR[lasting]
+    lasts = GRANT_LASTING[lasting][1]
     return Grant.objects.create(
         team_id=interrupt.team_id,
         action=interrupt.action,
@@ -564,12 +608,14 @@ def give_grant(
 
 
 def revoke_grant(grant: Grant, by: Any) -> bool:
-    """Revoke at once; False when it was revoked already."""
-    done = Grant.objects.filter(pk=grant.pk, revoked_at=None).update(
-        revoked_at=timezone.now(), revoked_by_name=by.get_username()
-    )
-    if done:
-        rules_changed(grant.team_id)
+    """Revoke at once (a use is conditional on the row: no process applies it after this
+    commits, whatever it has cached); False when it was revoked already."""
+    with transaction.atomic():
+        done = Grant.objects.filter(pk=grant.pk, revoked_at=None).update(
+            revoked_at=timezone.now(), revoked_by_name=by.get_username()
+        )
+        if done:
+            rules_changed(grant.team_id)
     return bool(done)
 
 
@@ -577,8 +623,6 @@ def set_away(user: Any, delegate: Any, starts_at: datetime, ends_at: datetime) -
     """Out of office from ``starts_at`` to ``ends_at``, with ``delegate`` deciding what is
     assigned to ``user``. Starting now, what is pending for ``user`` moves too. ValueError says
     why not (themself, no shared team, an end before the start)."""
-    from actions.engine.journal import atomic, inbox_changed, log
-
     if delegate.pk == user.pk:
         raise ValueError("choose someone else as your delegate")
     if ends_at <= starts_at:
@@ -587,15 +631,26 @@ def set_away(user: Any, delegate: Any, starts_at: datetime, ends_at: datetime) -
         raise ValueError("the end is in the past")
     if not Team.objects.filter(members=user).filter(members=delegate).exists():
         raise ValueError(f"{delegate.get_username()} is in none of your teams")
+    return _set_away(user, delegate, starts_at, ends_at)
+
+
+@retry_on_conflict
+def _set_away(user: Any, delegate: Any, starts_at: datetime, ends_at: datetime) -> Delegation:
+    from actions.engine.decisions import counted_approvals, lock_run
+    from actions.engine.journal import atomic, inbox_changed, log
+
+    name, to = user.get_username(), delegate.get_username()
     with atomic():
         made = Delegation.objects.create(user=user, delegate=delegate, starts_at=starts_at, ends_at=ends_at)
         if starts_at > timezone.now():
             return made
-        name, to = user.get_username(), delegate.get_username()
-        # As JSON text: SQLite has no JSON containment; the exact test is below.
-        pending = Interrupt.objects.filter(status=Interrupt.Status.PENDING, assignees__icontains=f'"{name}"')
-        for it in pending.select_for_update() if _locks() else pending:
-            if name not in (it.assignees or []) or to in it.assignees:
+        # As JSON text (SQLite has no JSON containment); each is read again under its run's
+        # lock (the lock order: run, then interrupt), and the exact test is made then.
+        waiting = Interrupt.objects.filter(status=Interrupt.Status.PENDING, assignees__icontains=f'"{name}"')
+        for run_id, interrupt_id in sorted(waiting.values_list("run_id", "pk")):
+            lock_run(run_id)
+            it = Interrupt.objects.get(pk=interrupt_id)
+            if not it.is_pending or name not in (it.assignees or []) or to in it.assignees:
                 continue
             if not Team.objects.filter(pk__in=it.team_ids, members=delegate).exists():
                 continue
@@ -604,6 +659,8 @@ def set_away(user: Any, delegate: Any, starts_at: datetime, ends_at: datetime) -
                 and Run.objects.filter(pk=it.run_id, started_by=delegate).exists()
             ):
                 continue
+            if any(approval.user_id in (user.pk, delegate.pk) for approval in counted_approvals(it)):
+                continue  # one of them approved already: the delegate would be a second approval
             it.assignees = [to if each == name else each for each in it.assignees]
             Interrupt.objects.filter(pk=it.pk, status=Interrupt.Status.PENDING).update(assignees=it.assignees)
             log(it.run_id, RunEvent.Kind.ASSIGNED, user, it, seq=it.seq, delegated={name: to})
@@ -611,19 +668,15 @@ def set_away(user: Any, delegate: Any, starts_at: datetime, ends_at: datetime) -
     return made
 
 
-def _locks() -> bool:
-    from django.db import connection
-
-    return bool(connection.features.has_select_for_update)
-
-
 def end_away(delegation: Delegation) -> None:
-    """Back: new interrupts are assigned to the user again (those moved stay with the delegate)."""
+    """Back: new interrupts are assigned to the user again (those moved stay with the
+    delegate). An absence not yet begun is deleted."""
     now = timezone.now()
-    if delegation.ends_at > now:
-        Delegation.objects.filter(pk=delegation.pk).update(
-            ends_at=max(now, delegation.starts_at + timedelta(microseconds=1))
-        )
+    if delegation.starts_at > now:
+        Delegation.objects.filter(pk=delegation.pk).delete()
+    elif delegation.ends_at > now:
+        ended = max(now, delegation.starts_at + timedelta(microseconds=1))
+        Delegation.objects.filter(pk=delegation.pk).update(ends_at=ended)
 
 
 __all__ = [

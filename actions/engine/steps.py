@@ -331,8 +331,10 @@ def _result_problem(result: StepResult) -> str:
     if result.status == Status.COMPLETED:
         return storing_problem("the output", result.output)
     for pause in result.pauses:
-        if problem := storing_problem("the interrupt's data", pause.data) or storing_problem(
-            "the checkpoint", pause.state
+        if problem := (
+            storing_problem("the interrupt's data", pause.data)
+            or storing_problem("the checkpoint", pause.state)
+            or storing_problem("the call's arguments", pause.arguments)
         ):
             return problem
     return ""
@@ -400,8 +402,8 @@ def _record(run: Run, result: StepResult, driver_state: dict[str, Any] | store.K
         if not recorded:
             logger.warning("run %s attempt %s lost its lease; result dropped", run.pk, run.attempt)
             return
+        created = []
         if result.status == Status.INTERRUPTED:
-            created = []
             for pause in result.pauses:
                 action_name = pause.action or run.action
                 override, version, slug = store.team_policy(run.team_id, action_name)
@@ -434,12 +436,13 @@ def _record(run: Run, result: StepResult, driver_state: dict[str, Any] | store.K
                 )
                 inbox_changed("interrupt", interrupt, before=(), after=[interrupt.team_id])
                 created.append((interrupt, routed, policy))
-            # Decided by a rule or a grant once all of the step's pauses are in: the run goes
-            # on only when none is left pending.
-            for interrupt, routed, policy in created:
-                rules.settle(run, interrupt, routed, policy)
         elif result.status == Status.COMPLETED:
             log(run, RunEvent.Kind.COMPLETED, None)
         else:
             log(run, RunEvent.Kind.FAILED, None, error=result.error)
         push_run_status(run, result.status)
+        # Decided by a rule or a grant once all of the step's pauses are in (the run goes on
+        # only when none is left pending), and after the pause's own status is pushed: pages
+        # see "interrupted", then what the decision made of the run.
+        for interrupt, routed, policy in created:
+            rules.settle(run, interrupt, routed, policy)

@@ -10,6 +10,8 @@ from typing import Any
 
 from django import forms
 
+from actions.engine.rules import GRANT_LASTING
+
 MAX_TEXT_INPUT = 200
 
 
@@ -131,12 +133,7 @@ class GrantForm(forms.Form):
     """On the approve form: approve, and allow the same for a while (a standing grant).
     Prefixed "grant"."""
 
-    LASTING = [
-        ("", "Just this once"),
-        ("hour", "For 1 hour"),
-        ("run", "For the rest of this run"),
-        ("revoked", "Until revoked"),
-    ]
+    LASTING = [("", "Just this once")] + [(key, label) for key, (label, _) in GRANT_LASTING.items()]
     lasting = forms.ChoiceField(
         choices=LASTING, required=False, widget=forms.RadioSelect, label="Allow the same", initial=""
     )

@@ -10,7 +10,6 @@ from django import forms
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
-from django.db.models import Q
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -33,16 +32,9 @@ def grants(request: AuthenticatedRequest) -> HttpResponse:
     """The standing grants of your teams: those in force, then the last ones that ended."""
     now = timezone.now()
     visible = _grants_for(request.user)
-    live = Q(revoked_at=None) & (Q(expires_at=None) | Q(expires_at__gt=now))
-    return render(
-        request,
-        "actions/grants.html",
-        {
-            "live": list(visible.filter(live).order_by("-created_at")),
-            "ended": list(visible.exclude(live).order_by("-created_at")[:ENDED_SHOWN]),
-            "now": now,
-        },
-    )
+    live = rules.live_grants(visible, now).order_by("-created_at")
+    ended = visible.exclude(pk__in=live.values("pk")).order_by("-created_at")[:ENDED_SHOWN]
+    return render(request, "actions/grants.html", {"live": list(live), "ended": list(ended), "now": now})
 
 
 @login_required

@@ -314,6 +314,9 @@ def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     shown: dict[str, Any] = {"answer_form": form}
     if edited is not None:
         shown.update(edit_form=edited, open_edit=True)
+    if not engine.may_decide(request.user, interrupt):
+        # Before a grant's condition is even compiled: only someone who may decide gets there.
+        return _render_decision(request, interrupt, status=403, error=engine.why_not(request.user, interrupt))
     granting = GrantForm(request.POST, prefix="grant")
     if not granting.is_valid() or (granting.cleaned_data["lasting"] and arguments is not None):
         if granting.is_valid():
@@ -322,6 +325,8 @@ def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
             )
         return _render_decision(request, interrupt, status=422, grant_form=granting, open_grant=True, **shown)
     lasting, condition = granting.cleaned_data["lasting"], granting.cleaned_data["condition"]
+    if lasting:
+        shown.update(grant_form=granting, open_grant=True)  # kept, should the approval be refused
 
     def approve_it() -> Interrupt:
         also = None
