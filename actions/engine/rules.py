@@ -389,7 +389,7 @@ def grant_for(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPo
     team, action and scope, and its giver could approve it now."""
     from actions.engine.policies import may_decide, separation_of_duties
 
-    if not policy.auto_approve or interrupt.approvals_required != 1:
+    if not policy.auto_approve or why_no_grant(interrupt):
         return None
     same = interrupt.team_id == run.team_id and routed.teams is not None
     teams = routed.teams if same and routed.teams is not None else team_set(interrupt.team_id)
@@ -560,6 +560,17 @@ GRANT_LASTING: dict[str, tuple[str, timedelta | None]] = {
 }
 
 
+def why_no_grant(interrupt: Interrupt) -> str:
+    """Why approving ``interrupt`` cannot come with a standing grant, or "": a grant is one
+    person's approval of an action that may be approved automatically."""
+    act = registry.find(interrupt.action)
+    if act is not None and not act.policy.auto_approve:
+        return f"{interrupt.action} may not be approved automatically, so it takes no grant"
+    if interrupt.approvals_required != 1:
+        return "a grant is one person's approval, and this needs several"
+    return ""
+
+
 class GrantRefused(InvalidInput):
     """A grant that cannot be given: nothing is decided with it."""
 
@@ -576,11 +587,8 @@ def give_grant(
     run). GrantRefused says why not."""
     if lasting not in GRANT_LASTING:
         raise GrantRefused("say how long the grant lasts: an hour, this run, or until revoked")
-    act = registry.find(interrupt.action)
-    if act is not None and not act.policy.auto_approve:
-        raise GrantRefused(f"{interrupt.action} may not be approved automatically, so it takes no grant")
-    if interrupt.approvals_required != 1:
-        raise GrantRefused("a grant is one person's approval, and this needs several")
+    if why := why_no_grant(interrupt):
+        raise GrantRefused(why)
     run = Run.objects.get(pk=interrupt.run_id)
     who = requester_key(run)
     if lasting != "run" and not who:

@@ -164,19 +164,12 @@ def _decision_context(request: AuthenticatedRequest, interrupt: Interrupt, **ext
     if "edit_form" not in extra:
         # An agent's tool call may be approved with its arguments edited.
         context["edit_form"] = edit_form(interrupt) if can_decide and not may_not_approve else None
-    if context["can_approve"] and may_grant(interrupt):
+    if context["can_approve"] and not rules.why_no_grant(interrupt):
         # "Approve, and allow the same for an hour / this run / until revoked."
         context["grant_form"] = GrantForm(prefix="grant")
         context["grant_requester"] = interrupt.run.started_by_name
     context.update(extra)
     return context
-
-
-def may_grant(interrupt: Interrupt) -> bool:
-    """Whether approving ``interrupt`` may come with a standing grant: one approver, and an
-    action that may be approved automatically."""
-    act = registry.find(interrupt.action)
-    return interrupt.approvals_required == 1 and (act is None or act.policy.auto_approve)
 
 
 def edit_form(interrupt: Interrupt, data: Any = None) -> SchemaForm | None:
