@@ -67,9 +67,7 @@ def child(mode: str, seconds: float, rules_count: int, interrupts: int) -> dict[
     from actions.engine import rules
     from actions.engine.policies import effective_policy, policy_fields
     from actions.models import Run, Team
-    from grundlag_site.celery import app
 
-    app.conf.task_always_eager = True  # as in bench.engine_throughput: no broker in the loop
     team, _ = Team.objects.get_or_create(slug="bench", defaults={"name": "Bench"})
     make_rules(team, rules_count)
     if mode == "evaluate":
@@ -89,16 +87,9 @@ def child(mode: str, seconds: float, rules_count: int, interrupts: int) -> dict[
             times.append(time.perf_counter() - started)
             assert routed.decision is None and "rule" not in routed.note and "rule_failed" not in routed.note
         return {"times": times}
-    cycles = 0
-    started = time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        run = engine.start_run("bench_pause", {"n": cycles}, team, None)
-        (interrupt,) = engine.pending_interrupts(run.pk)
-        engine.resume(interrupt, {"ok": True}, None)
-        cycles += 1
-    elapsed = time.perf_counter() - started
-    assert Run.objects.filter(team=team, status="completed").count() == cycles
-    return {"cycles": cycles, "seconds": elapsed}
+    from bench.engine_throughput import grundlag_cycles
+
+    return grundlag_cycles(seconds)  # the same loop, on the same team, its rules made above
 
 
 def in_child(

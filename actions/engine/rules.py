@@ -25,6 +25,7 @@ team's ``rules_version``, new on every change) to know they are current.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import threading
@@ -454,27 +455,18 @@ def settle(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPolic
             return
         decision, by = ("approve", grant.answer), f"grant #{grant.pk} ({grant.granted_by_name})"
     by = by[: Interrupt._meta.get_field("decided_by_name").max_length]
-    try:
-        if decision[0] == "approve":
-            decisions.decide(
-                interrupt,
-                Interrupt.Status.APPROVED,
-                None,
-                answer=decision[1],
-                then=decisions.resume_if_nothing_pending,
-                policy=by,
-            )
-        else:
-            decisions.decide(
-                interrupt,
-                Interrupt.Status.REJECTED,
-                None,
-                reason=decision[1],
-                then=decisions.end_or_go_on,
-                policy=by,
-            )
-    except AlreadyDecided:
-        pass  # another pause of the step ended the run (a rejection): nothing left to decide
+    kind, value = decision
+    approving = kind == "approve"
+    # Already decided: another pause of the step ended the run (a rejection). Nothing to do.
+    with contextlib.suppress(AlreadyDecided):
+        decisions.decide(
+            interrupt,
+            Interrupt.Status.APPROVED if approving else Interrupt.Status.REJECTED,
+            None,
+            then=decisions.resume_if_nothing_pending if approving else decisions.end_or_go_on,
+            policy=by,
+            **({"answer": value} if approving else {"reason": value}),
+        )
 
 
 def event_detail(routed: Routed) -> dict[str, Any]:

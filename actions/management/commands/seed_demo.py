@@ -22,6 +22,16 @@ DEMO_RUNS = [
     ),
 ]
 
+# Rules to show in the admin: one in force, one to dry-run before enabling it.
+DEMO_RULES: dict[str, dict[str, Any]] = {
+    "big transfers need two": {
+        "action": "transfer_funds", "when": "data.amount > 10000.0", "then": "require", "approvals": 2,
+    },
+    "small invoices": {
+        "action": "send_invoice", "when": "data.amount < 50.0", "then": "approve", "position": 1,
+        "enabled": False,
+    },
+}  # fmt: skip
 
 # A scripted model (no model server needed): it looks the customer up, then asks to send the
 # invoice, which pauses for a reviewer; after the answer it reports back.
@@ -85,27 +95,8 @@ class Command(BaseCommand):
                 team=team, action="publish_announcement", defaults={"deadline_minutes": 480}
             )
             # Rules to show in the admin: one in force, one to dry-run before enabling it.
-            TeamRule.objects.get_or_create(
-                team=team,
-                name="big transfers need two",
-                defaults={
-                    "action": "transfer_funds",
-                    "when": "data.amount > 10000.0",
-                    "then": TeamRule.Then.REQUIRE,
-                    "approvals": 2,
-                },
-            )
-            TeamRule.objects.get_or_create(
-                team=team,
-                name="small invoices",
-                defaults={
-                    "action": "send_invoice",
-                    "when": "data.amount < 50.0",
-                    "then": TeamRule.Then.APPROVE,
-                    "position": 1,
-                    "enabled": False,
-                },
-            )
+            for name, rule in DEMO_RULES.items():
+                TeamRule.objects.get_or_create(team=team, name=name, defaults=rule)
             ApiToken.objects.filter(team=team, name="demo", revoked_at=None).update(
                 revoked_at=team.created_at
             )
