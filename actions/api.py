@@ -16,19 +16,21 @@ from typing import Annotated, Any, Literal
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from ninja import NinjaAPI, Schema, Status
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from actions import engine
 from actions.core import UnknownAction, registry
 from actions.drivers.agent import ModelError, start_agent
+from actions.drivers.approval import MAX_APPROVALS, MAX_DEADLINE, MAX_MESSAGE_CHARS, request_approval
 from actions.drivers.sandbox import SandboxUnavailable, start_script
+from actions.engine import idempotency
 from actions.models import ApiToken, AuditExport, Interrupt, Run, Webhook, WebhookEvent, actor_name
 from actions.notify import webhook
 from actions.web import waiting
@@ -57,6 +59,13 @@ api = NinjaAPI(
 
 
 # Schemas
+
+
+class In(Schema):
+    """A request body: a field it does not know is refused (422), not ignored, so that a
+    misspelt option is not silently left out."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class ActionOut(Schema):
@@ -135,12 +144,12 @@ class InterruptListItem(Schema):
     decided_at: datetime | None
 
 
-class RunIn(Schema):
+class RunIn(In):
     action: str = Field(min_length=1, max_length=200)
     input: dict[str, Any] = Field(default_factory=dict)
 
 
-class ResumeIn(Schema):
+class ResumeIn(In):
     data: Any = None
     arguments: dict[str, Any] | None = Field(
         None,
@@ -149,7 +158,7 @@ class ResumeIn(Schema):
     )
 
 
-class RejectIn(Schema):
+class RejectIn(In):
     error: str = Field(min_length=1, max_length=10_000)
 
 
@@ -160,7 +169,7 @@ class ChatMessage(Schema):
     tool_call_id: str | None = None
 
 
-class AgentRunIn(Schema):
+class AgentRunIn(In):
     messages: list[ChatMessage] = Field(min_length=1, max_length=500)
     tools: list[str] = Field(default_factory=list, max_length=100)
     model: str | dict[str, Any] = Field(
@@ -172,7 +181,7 @@ class AgentRunDetailOut(RunDetailOut):
     messages: list[dict[str, Any]]
 
 
-class ScriptRunIn(Schema):
+class ScriptRunIn(In):
     source: str = Field(min_length=1, max_length=100_000, description="Python; calls tools.<action>(...)")
     input: dict[str, Any] = Field(default_factory=dict)
 
@@ -211,6 +220,13 @@ def already_decided(request: HttpRequest, exc: engine.AlreadyDecided) -> HttpRes
 @api.exception_handler(engine.NotCancellable)
 def not_cancellable(request: HttpRequest, exc: engine.NotCancellable) -> HttpResponse:
     return api.create_response(request, {"detail": str(exc)}, status=409)
+
+
+@api.exception_handler(idempotency.KeyInUse)
+def key_in_use(request: HttpRequest, exc: idempotency.KeyInUse) -> HttpResponse:
+    response = api.create_response(request, {"detail": str(exc)}, status=409)
+    response["Retry-After"] = "1"
+    return response
 
 
 @api.exception_handler(engine.NotAllowed)
@@ -364,8 +380,16 @@ def requested_wait(request: HttpRequest) -> float:
     return float(min(int(match.group(1)), settings.GRUNDLAG_MAX_WAIT_SECONDS))
 
 
-async def settled_response(request: HttpRequest, run_id: int) -> Status[dict[str, Any]]:
-    """Wait for the run to settle (asynchronously, on an event), then describe it.
+async def settled_response(
+    request: HttpRequest,
+    run_id: int,
+    *,
+    done: Callable[[Run], bool] = lambda run: run.is_settled,
+    describe: Callable[[HttpRequest, Run], dict[str, Any]] | None = None,
+) -> Status[dict[str, Any]]:
+    """Wait for the run to settle (asynchronously, on an event), then describe it: 200 once it
+    has, 202 while not. ``done`` says what settled means (an approval: decided, not paused);
+    ``describe`` how it is told (the run's description by default).
 
     Callers wait on the database row, the truth, not on a task result or a push: a signal that
     the run changed (actions.web.waiting: the engine's, in this process; PostgreSQL's
@@ -381,7 +405,7 @@ async def settled_response(request: HttpRequest, run_id: int) -> Status[dict[str
                 changed.clear()  # before reading: a change after the read sets it again
                 run = await Run.objects.aget(pk=run_id)
                 remaining = deadline - time.monotonic()
-                if run.is_settled or remaining <= 0:
+                if done(run) or remaining <= 0:
                     break
                 if waiting.covers_all_changes():
                     delay = settings.GRUNDLAG_WAIT_POLL_SECONDS
@@ -391,18 +415,21 @@ async def settled_response(request: HttpRequest, run_id: int) -> Status[dict[str
                     async with asyncio.timeout(min(delay, remaining)):
                         await changed.wait()
 
-    def describe() -> Status[dict[str, Any]]:
+    def respond() -> Status[dict[str, Any]]:
         current = run if run is not None else Run.objects.get(pk=run_id)
-        return Status(200 if current.is_settled else 202, run_out(request, current))
+        return Status(200 if done(current) else 202, (describe or run_out)(request, current))
 
-    return await sync_to_async(describe)()
+    return await sync_to_async(respond)()
 
 
-async def started(request: HttpRequest, start: Callable[[ApiToken], Run]) -> Status[dict[str, Any]]:
-    """Start a run for the request's token, then answer as `Prefer: wait` asks."""
+async def started(
+    request: HttpRequest, start: Callable[[ApiToken], Run], **how: Any
+) -> Status[dict[str, Any]]:
+    """Start a run for the request's token, then answer as `Prefer: wait` asks (``how``: as
+    settled_response's)."""
     token = token_of(request)
     run = await sync_to_async(start)(token)
-    return await settled_response(request, run.pk)
+    return await settled_response(request, run.pk, **how)
 
 
 async def decided(
@@ -462,22 +489,108 @@ def cancel_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
     return run_out(request, run)
 
 
-@api.get("/interrupts", response=list[InterruptListItem], tags=["interrupts"])
+# Lists: newest first, filtered, paged by a cursor (keyset: page 2,000 costs what page 1 does).
+
+Limit = Annotated[int, Field(ge=1, le=200)]
+
+
+class RunListItem(Schema):
+    id: int
+    action: str
+    consumer: str
+    status: str
+    output: Any
+    error: str
+    started_by: str
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class RunPage(Schema):
+    items: list[RunListItem]
+    next: str = Field(description="Pass as `after` for the next page; empty on the last")
+
+
+class InterruptPage(Schema):
+    items: list[InterruptListItem]
+    next: str = Field(description="Pass as `after` for the next page; empty on the last")
+
+
+def paged(
+    rows: Any, after: str, limit: int, since: datetime | None, until: datetime | None
+) -> tuple[list[Any], str]:
+    """One page of ``rows`` (newest first) created in [since, until), after the cursor."""
+    from actions.web import history
+
+    if after and history.parse_cursor(after) is None:
+        raise HttpError(422, "after: not a cursor this API gave (pass the `next` of the page before)")
+    if since is not None:
+        rows = rows.filter(created_at__gte=since)
+    if until is not None:
+        rows = rows.filter(created_at__lt=until)
+    return history.page(rows, after, limit)
+
+
+@api.get("/runs", response={200: RunPage, 422: Error}, tags=["runs"])
+def list_runs(
+    request: HttpRequest,
+    status: Run.Status | None = None,
+    action: str = "",
+    consumer: Run.Consumer | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    after: str = "",
+    limit: Limit = 50,
+) -> dict[str, Any]:
+    """The team's runs, newest first, filtered by `status`, `action`, `consumer` and when they
+    were created (`since` inclusive, `until` exclusive, ISO 8601); `limit` a page (at most
+    200), the next after `after` (the page's `next`)."""
+    runs = Run.objects.filter(team=token_of(request).team_id).defer("input", "driver_state")
+    if status:
+        runs = runs.filter(status=status)
+    if action:
+        runs = runs.filter(action=action)
+    if consumer:
+        runs = runs.filter(consumer=consumer)
+    rows, next_cursor = paged(runs, after, limit, since, until)
+    items = [
+        {**run_fields(run), "started_by": run.started_by_name, "created_at": run.created_at,
+         "finished_at": run.finished_at}
+        for run in rows
+    ]  # fmt: skip
+    return {"items": items, "next": next_cursor}
+
+
+@api.get("/interrupts", response={200: InterruptPage, 422: Error}, tags=["interrupts"])
 def list_interrupts(
     request: HttpRequest,
     status: Interrupt.Status | None = None,
-    limit: Annotated[int, Field(ge=1, le=500)] = 100,
-) -> list[dict[str, Any]]:
-    """The team's interrupts, newest first; filter with `?status=pending`."""
+    action: str = "",
+    consumer: Run.Consumer | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    after: str = "",
+    limit: Limit = 50,
+) -> dict[str, Any]:
+    """The team's interrupts (and those escalated to it), newest first, filtered by `status`
+    (`?status=pending`: the open questions), `action`, the run's `consumer` and when they were
+    created (`since` inclusive, `until` exclusive); paged like `GET /api/runs`."""
     token = token_of(request)
     interrupts = (
         Interrupt.objects.filter(Interrupt.visible_to([token.team_id]))
+        .defer("state")
         .order_by("-created_at", "-id")
         .prefetch_related("approvals__user")
     )
     if status:
         interrupts = interrupts.filter(status=status)
-    return [{**transcript_entry(it), "run_id": it.run_id, "action": it.action} for it in interrupts[:limit]]
+    if action:
+        interrupts = interrupts.filter(action=action)
+    if consumer:
+        interrupts = interrupts.filter(run__consumer=consumer)
+    rows, next_cursor = paged(interrupts, after, limit, since, until)
+    items = [{**transcript_entry(it), "run_id": it.run_id, "action": it.action} for it in rows]
+    return {"items": items, "next": next_cursor}
 
 
 class HistoryItem(Schema):
@@ -636,6 +749,138 @@ def read_script_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
     }
 
 
+# Approvals: a service outside asks the team (actions.drivers.approval).
+
+ApprovalStatus = Literal["pending", "approved", "rejected", "expired", "cancelled", "failed"]
+
+
+class ApprovalIn(In):
+    message: str = Field(
+        min_length=1, max_length=MAX_MESSAGE_CHARS, description="The question, as the reviewers see it"
+    )
+    data: Any = Field(None, description="What the reviewers see and decide on (any JSON)")
+    answer_schema: dict[str, Any] | None = Field(
+        None,
+        description='A JSON Schema of "type": "object" the answer must fit; the dashboard renders '
+        "it as a form. Without one, the answer is {approved, comment}",
+    )
+    deadline_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=int(MAX_DEADLINE.total_seconds()),
+        description="Undecided this long: approved with default_answer, or else expired",
+    )
+    default_answer: Any = Field(None, description="Needs deadline_seconds; must fit answer_schema")
+    approvals_required: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_APPROVALS,
+        description="Distinct people who must approve; never fewer than the team's policy says",
+    )
+    assignees: list[Annotated[str, Field(min_length=1, max_length=150)]] = Field(
+        default_factory=list, max_length=20, description="Usernames in the team: only they may decide"
+    )
+
+
+class ApprovalRequestOut(Schema):
+    id: int = Field(description="The approval's id (its run's)")
+    status: ApprovalStatus
+    message: str
+    data: Any
+    answer: Any = Field(description="The approved answer; null until then")
+    reason: str = Field(description="Why it was rejected, expired, cancelled or failed")
+    decided_by: str | None
+    decided_at: datetime | None
+    created_at: datetime
+    expires_at: datetime | None
+    approvals_required: int
+    assignees: list[str]
+    answer_schema: dict[str, Any] | None
+    url: str = Field(description="The approval on the dashboard")
+
+
+def approval_status(run: Run, it: Interrupt | None) -> str:
+    if run.status == Run.Status.COMPLETED:
+        return "approved"
+    if run.status in (Run.Status.REJECTED, Run.Status.CANCELLED):
+        return str(run.status)
+    if run.status == Run.Status.FAILED:
+        return "expired" if it is not None and it.status == Interrupt.Status.EXPIRED else "failed"
+    return "pending"
+
+
+def approval_out(request: HttpRequest, run: Run) -> dict[str, Any]:
+    it = run.interrupts.defer("state").order_by("seq").first()
+    asked = run.driver_state
+    policy = asked.get("policy") or {}
+    return {
+        "id": run.pk,
+        "status": approval_status(run, it),
+        "message": asked.get("message", ""),
+        "data": asked.get("data"),
+        "answer": run.output if run.status == Run.Status.COMPLETED else None,
+        # A reviewer's reason to reject; otherwise what ended the run (a deadline, a cancel).
+        "reason": it.reason if it is not None and run.status == Run.Status.REJECTED else run.error,
+        "decided_by": (it.decided_by_name or None) if it is not None else None,
+        "decided_at": it.decided_at if it is not None else None,
+        "created_at": run.created_at,
+        "expires_at": it.expires_at if it is not None else None,
+        "approvals_required": it.approvals_required if it is not None else policy.get("approvals", 1),
+        "assignees": it.assignees if it is not None else policy.get("assignees", []),
+        "answer_schema": asked.get("answer_schema"),
+        "url": request.build_absolute_uri(run.get_absolute_url()),
+    }
+
+
+def approval_decided(run: Run) -> bool:
+    return run.is_finished
+
+
+@api.post(
+    "/approvals",
+    response={200: ApprovalRequestOut, 202: ApprovalRequestOut, 413: Error, 422: Error},
+    tags=["approvals"],
+)
+async def create_approval(request: HttpRequest, payload: ApprovalIn) -> Status[dict[str, Any]]:
+    """Ask the token's team a question: it waits in the team's inbox like any approval (the
+    team's rules, notifications, deadlines and audit apply) until a person (or a rule) decides.
+    The token that asks may not approve it. `Prefer: wait=N` waits up to N seconds (at most
+    30) for the decision: 200 once decided, 202 while pending; then poll
+    `GET /api/approvals/{id}` (with `Prefer: wait` too), or hear of it by the `run.finished`
+    webhook."""
+    asked = payload.model_dump()
+    return await started(
+        request,
+        lambda token: request_approval(token.team, token, **asked),
+        done=approval_decided,
+        describe=approval_out,
+    )
+
+
+@api.get("/approvals/{approval_id}", response={200: ApprovalRequestOut, 404: Error}, tags=["approvals"])
+async def read_approval(request: HttpRequest, approval_id: int) -> Status[dict[str, Any]]:
+    """The approval and its decision. `Prefer: wait=N` holds the answer up to N seconds (at
+    most 30) while it is pending: a long poll."""
+    token = token_of(request)
+    run = await sync_to_async(get_run)(token, approval_id, Run.Consumer.APPROVAL)
+    settled = await settled_response(request, run.pk, done=approval_decided, describe=approval_out)
+    return Status(200, settled.value)
+
+
+@api.post(
+    "/approvals/{approval_id}/cancel",
+    response={200: ApprovalRequestOut, 403: Error, 404: Error, 409: Error},
+    tags=["approvals"],
+)
+def cancel_approval(request: HttpRequest, approval_id: int) -> dict[str, Any]:
+    """Withdraw a pending approval: it leaves the inbox and ends `cancelled`. 409 once decided."""
+    token = token_of(request)
+    run = get_run(token, approval_id, Run.Consumer.APPROVAL)
+    engine.cancel(run, token)
+    run.refresh_from_db()
+    return approval_out(request, run)
+
+
 # Webhooks: the token's team's endpoints, told of its events (actions.notify.webhook).
 
 # Each event is one request per endpoint: a cap keeps a team from turning the server into an
@@ -643,7 +888,7 @@ def read_script_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
 MAX_WEBHOOKS_PER_TEAM = 10
 
 
-class WebhookIn(Schema):
+class WebhookIn(In):
     url: str = Field(min_length=1, max_length=2000)
     events: list[WebhookEvent] = Field(min_length=1, max_length=len(Webhook.EVENTS))
 
@@ -684,9 +929,11 @@ def create_webhook(request: HttpRequest, payload: WebhookIn) -> Status[dict[str,
     if Webhook.objects.filter(team=token.team_id).count() >= MAX_WEBHOOKS_PER_TEAM:
         raise HttpError(422, f"a team has at most {MAX_WEBHOOKS_PER_TEAM} webhooks; delete one first")
     events = sorted(set(payload.events))
-    hook = Webhook.objects.create(
-        team_id=token.team_id, url=payload.url, events=events, created_by_name=actor_name(token)
-    )
+    with transaction.atomic():
+        hook = Webhook.objects.create(
+            team_id=token.team_id, url=payload.url, events=events, created_by_name=actor_name(token)
+        )
+        idempotency.record(None)
     return Status(201, {**webhook_out(hook), "secret": hook.secret})
 
 

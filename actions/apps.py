@@ -17,6 +17,7 @@ class ActionsConfig(AppConfig):
 
         from actions import drivers, metrics, notify
         from actions.drivers.agent import AgentDriver
+        from actions.drivers.approval import ApprovalDriver
         from actions.drivers.sandbox import SandboxDriver
         from actions.engine import journal
         from actions.models import Run, Team
@@ -25,6 +26,7 @@ class ActionsConfig(AppConfig):
         # Runs of these consumers are stepped by their driver; every other runs a plain action.
         drivers.register(Run.Consumer.AGENT, AgentDriver())
         drivers.register(Run.Consumer.SANDBOX, SandboxDriver())
+        drivers.register(Run.Consumer.APPROVAL, ApprovalDriver())
         # The engine announces what changed, once it is committed; open pages hear of it.
         journal.team_changed.connect(live.on_team_changed, dispatch_uid="live-team")
         journal.run_changed.connect(live.on_run_changed, dispatch_uid="live-run")

@@ -120,6 +120,35 @@ class ApiToken(models.Model):
         self.refresh_from_db(fields=["revoked_at"])
 
 
+class IdempotencyKey(models.Model):
+    """A POST to the API sent with an ``Idempotency-Key`` (Stripe's semantics): the request it
+    was first sent with, and once answered, the answer, replayed to a retry with the same key.
+
+    The row is written in the transaction of the change the request made (a run started, an
+    interrupt decided), so that the change and the key are kept together or not at all: a
+    request that changed nothing (refused, invalid) keeps no key, and may be sent again. Kept
+    24 hours per token (actions.tasks.prune_idempotency_keys)."""
+
+    token = models.ForeignKey(ApiToken, models.CASCADE, related_name="+", db_index=False)
+    key = models.CharField(max_length=255)
+    # SHA-256 of the method, path and body: the same key with another request is refused.
+    request_hash = models.CharField(max_length=64)
+    # The run the change was made to (where it was one), for a retry to be told of it should
+    # the first request never have been answered (its process stopped).
+    run = models.ForeignKey("Run", models.SET_NULL, null=True, blank=True, related_name="+", db_index=False)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    # The first answer, once it was given: None while the request is still being answered.
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    response = models.BinaryField(null=True, blank=True)
+    content_type = models.CharField(max_length=100, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["token", "key"], name="idempotency_token_key")]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.token})"
+
+
 Actor = AbstractBaseUser | AnonymousUser | ApiToken | None
 
 
@@ -154,6 +183,8 @@ class Run(models.Model):
         API = "api"
         AGENT = "agent"
         SANDBOX = "sandbox"
+        # An approval asked for by a service outside (POST /api/approvals): a run of one pause.
+        APPROVAL = "approval"
 
     SETTLED = (
         Status.INTERRUPTED,
@@ -265,6 +296,9 @@ class Interrupt(models.Model):
     # What the paused call was given, for an agent's tool call or a script's call (a plain
     # action's is its run's input). Rules and grants read it as ``input``.
     arguments = JSONField(null=True, blank=True)
+    # The JSON Schema its answer must fit, when the pause brings its own (an approval asked
+    # for through the API); otherwise its action's answer model says.
+    answer_schema = JSONField(null=True, blank=True)
     reason = models.TextField(blank=True)
     decided_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+", db_index=False

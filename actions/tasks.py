@@ -44,6 +44,9 @@ def sweep() -> int:
 
 @shared_task(name="actions.tasks.apply_policies")
 def apply_policies() -> int:
+    from actions.engine import idempotency
+
+    idempotency.prune()
     return engine.apply_policies()
 
 

@@ -126,6 +126,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "actions.web.middleware.ApiJsonErrorsMiddleware",
     "actions.web.middleware.RequestSizeLimitMiddleware",
+    # Before the API's views, after the size limit: a retried POST is answered as it was first.
+    "actions.web.middleware.IdempotencyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

@@ -147,8 +147,8 @@ def test_another_teams_runs_and_interrupts_are_404(api: Api, other_api: Api) -> 
     assert other_api.get(f"/runs/{run['id']}").status_code == 404
     assert other_api.post(f"/interrupts/{interrupt_id}/resume", {"data": {}}).status_code == 404
     assert other_api.post(f"/interrupts/{interrupt_id}/reject", {"error": "x"}).status_code == 404
-    assert other_api.get("/interrupts?status=pending").json() == []
-    assert [i["id"] for i in api.get("/interrupts?status=pending").json()] == [interrupt_id]
+    assert other_api.get("/interrupts?status=pending").json()["items"] == []
+    assert [i["id"] for i in api.get("/interrupts?status=pending").json()["items"]] == [interrupt_id]
 
 
 def test_without_prefer_wait_the_response_does_not_wait(api: Api) -> None:
@@ -218,7 +218,7 @@ def test_a_run_is_cancelled_through_the_api_and_its_interrupt_leaves_the_inbox(
     assert cancelled.json()["status"] == "cancelled" and cancelled.json()["interrupt"] is None
     transcript = api.get(f"/runs/{run['id']}").json()["transcript"]
     assert [entry["status"] for entry in transcript] == ["cancelled"]
-    assert api.get("/interrupts?status=pending").json() == []
+    assert api.get("/interrupts?status=pending").json()["items"] == []
 
     again = api.post(f"/runs/{run['id']}/cancel", {})
     assert again.status_code == 409 and again.json()["detail"] == f"run {run['id']} is already cancelled"

@@ -121,6 +121,12 @@ class Pause:
     # What the paused call was given, when it is a call inside the run (an agent's tool call, a
     # script's call); a plain action's is its run's input. Rules and grants read it.
     arguments: Any = None
+    # The JSON Schema its answer must fit, when the pause brings its own (an approval asked for
+    # through the API) rather than its action's answer model.
+    answer_schema: dict[str, Any] | None = None
+    # What the pause asks of its policy beyond its action's (and its team's): ApprovalPolicy's
+    # fields by name (actions.engine.policies.as_requested).
+    policy: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

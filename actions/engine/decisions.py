@@ -29,6 +29,7 @@ from actions.engine.errors import (
 )
 from actions.engine.journal import atomic, inbox_changed, log, push_run_status
 from actions.engine.policies import may_decide, separation_of_duties, why_not, why_not_cancel
+from actions.engine.schemas import schema_errors
 from actions.engine.steps import answers_of, hand_over, inline, lease_from
 from actions.models import Actor, ApiToken, Approval, Interrupt, Run, RunEvent, actor_name, actor_user
 
@@ -40,6 +41,10 @@ Then = Callable[[Run, Interrupt], None]
 def validate_answer(interrupt: Interrupt, data: Any) -> Any:
     """The answer as it will be stored, or InvalidAnswer with field errors."""
     check_size("the answer", data)
+    if interrupt.answer_schema is not None:
+        if errors := schema_errors(interrupt.answer_schema, data):
+            raise InvalidAnswer("the answer does not fit the approval's answer schema", errors)
+        return data
     act = registry.find(interrupt.action)
     if act is None:
         return data

@@ -22,7 +22,7 @@ from django.dispatch import Signal
 from django.utils import timezone
 
 from actions.core import Failed
-from actions.engine import store
+from actions.engine import idempotency, store
 from actions.models import Actor, Interrupt, Run, RunEvent, actor_name, actor_user
 
 logger = logging.getLogger(__name__)
@@ -84,18 +84,26 @@ def atomic() -> Iterator[None]:
             raise
         return
     journal = _Journal()
-    with transaction.atomic(), store.one_cursor():
-        token = _journal.set(journal)
-        try:
-            yield
-        finally:
-            # Reset before the commit: steps that run after it (inline) keep their own.
-            _journal.reset(token)
-        store.insert_events(journal.events)
-        if journal.runs_changed:
-            store.notify_runs_changed(list(journal.runs_changed))
-        if journal.changes:
-            _number(journal.changes)
+    keyed = False
+    try:
+        with transaction.atomic(), store.one_cursor():
+            token = _journal.set(journal)
+            try:
+                yield
+            finally:
+                # Reset before the commit: steps that run after it (inline) keep their own.
+                _journal.reset(token)
+            # The API request this change is made for keeps its Idempotency-Key with it.
+            keyed = idempotency.record(journal.events[0][0] if journal.events else None)
+            store.insert_events(journal.events)
+            if journal.runs_changed:
+                store.notify_runs_changed(list(journal.runs_changed))
+            if journal.changes:
+                _number(journal.changes)
+    except BaseException:
+        if keyed:
+            idempotency.forget()
+        raise
 
 
 def _number(changes: list[InboxChange]) -> None:

@@ -4,6 +4,7 @@ actions.engine.deadlines.)"""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -42,6 +43,16 @@ def with_override(action_name: str, override: Policy | None) -> ApprovalPolicy:
         rules=declared.rules,
         auto_approve=declared.auto_approve,
     )
+
+
+def as_requested(policy: ApprovalPolicy, requested: dict[str, Any]) -> ApprovalPolicy:
+    """The policy with what a pause asks of it (``Pause.policy``: ApprovalPolicy's fields by
+    name) applied. It may ask for more approvals than the team's policy, never fewer."""
+    if not requested:
+        return policy
+    if "approvals" in requested:
+        requested = {**requested, "approvals": max(policy.approvals, requested["approvals"])}
+    return dataclasses.replace(policy, **requested)
 
 
 def policy_fields(

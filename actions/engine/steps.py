@@ -44,7 +44,7 @@ from actions.engine.journal import (
     report_internal_error,
     step_ran,
 )
-from actions.engine.policies import policy_fields, with_override
+from actions.engine.policies import as_requested, policy_fields, with_override
 from actions.models import Actor, ApiToken, Interrupt, Run, RunEvent, Team, actor_name, actor_user
 
 logger = logging.getLogger(__name__)
@@ -407,7 +407,7 @@ def _record(run: Run, result: StepResult, driver_state: dict[str, Any] | store.K
             for pause in result.pauses:
                 action_name = pause.action or run.action
                 override, version, slug = store.team_policy(run.team_id, action_name)
-                policy = with_override(action_name, override)
+                policy = as_requested(with_override(action_name, override), pause.policy)
                 # The team's rules, the action's, and delegations: before anyone sees it.
                 routed = rules.route(
                     run, action_name, pause.data, pause.arguments,
@@ -423,6 +423,7 @@ def _record(run: Run, result: StepResult, driver_state: dict[str, Any] | store.K
                     tool_call_id=pause.tool_call_id,
                     binding=pause.binding or call_binding(action_name),
                     arguments=pause.arguments,
+                    answer_schema=pause.answer_schema,
                     **{"team_id": run.team_id, **routed.fields},
                 )
                 store.insert(interrupt, store.next_seq(run.pk))

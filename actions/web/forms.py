@@ -180,11 +180,14 @@ class RejectForm(forms.Form):
 
 
 def answer_form(interrupt: Any, data: Any = None) -> SchemaForm | ApprovalForm:
-    """The form that approves ``interrupt``: its action's answer model's, or a plain approval.
+    """The form that approves ``interrupt``: its own answer schema's, its action's answer
+    model's, or a plain approval.
     Never prefilled with an earlier approver's answer (N-of-M): each approver enters theirs,
     so a safeguard such as retyping an id holds for each."""
     from actions.core import registry
 
+    if interrupt.answer_schema is not None:  # the pause's own (an approval asked through the API)
+        return form_for_schema(interrupt.answer_schema)(data, prefix="answer")
     act = registry.find(interrupt.action)
     if act is not None and act.answer_model is not None:
         return form_for_schema(act.answer_schema() or {})(data, prefix="answer")

@@ -13,13 +13,13 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
-from typing import Any
+from datetime import UTC, date, datetime, timedelta
+from typing import Any, TypeVar
 
 from django.contrib.auth.decorators import login_required
 from django.core.cache import cache
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db.models import Count, F, Q, QuerySet
+from django.db.models import Count, F, Model, Q, QuerySet
 from django.http import (
     HttpRequest,
     HttpResponse,
@@ -36,6 +36,7 @@ from actions.engine import store
 from actions.models import AuditCheck, AuditExport, Interrupt, Run, RunEvent, Team
 
 PAGE_SIZE = 50
+M = TypeVar("M", bound=Model)
 STATS_CACHE_SECONDS = 60
 FILTERS = ("team", "action", "consumer", "status", "decided_by", "run", "since", "until", "q")
 
@@ -112,19 +113,30 @@ def _moment(text: str) -> datetime | None:
     return moment
 
 
-def page(interrupts: QuerySet[Interrupt], cursor: str) -> tuple[list[Interrupt], str]:
-    """One page after ``cursor`` ("<created_at>|<id>" of the last row seen). Keyset paging costs
-    the same on page 1 and page 2,000: no OFFSET, just an index range."""
-    if "|" in cursor:
-        stamp, _, last_id = cursor.partition("|")
-        after = _moment(stamp)
-        if after is not None and last_id.isascii() and last_id.isdigit() and len(last_id) < 19:
-            interrupts = interrupts.filter(Q(created_at__lt=after) | Q(created_at=after, id__lt=int(last_id)))
-    rows = list(interrupts[: PAGE_SIZE + 1])
-    more = len(rows) > PAGE_SIZE
-    rows = rows[:PAGE_SIZE]
-    next_cursor = f"{rows[-1].created_at.isoformat()}|{rows[-1].pk}" if more else ""
-    return rows, next_cursor
+def parse_cursor(cursor: str) -> tuple[datetime, int] | None:
+    """The last row seen, from a cursor ("<created_at>|<id>"); None when it is not one."""
+    stamp, _, last_id = cursor.partition("|")
+    after = _moment(stamp)
+    if after is None or not (last_id.isascii() and last_id.isdigit() and len(last_id) < 19):
+        return None
+    return after, int(last_id)
+
+
+def page(rows: QuerySet[M], cursor: str, size: int = PAGE_SIZE) -> tuple[list[M], str]:
+    """One page (newest first) after ``cursor`` ("<created_at>|<id>" of the last row seen), and
+    the cursor of the next ("" on the last). Keyset paging costs the same on page 1 and page
+    2,000: no OFFSET, just an index range. A cursor that is not one starts from the top."""
+    if last := parse_cursor(cursor):
+        rows = rows.filter(Q(created_at__lt=last[0]) | Q(created_at=last[0], id__lt=last[1]))
+    found = list(rows[: size + 1])
+    more = len(found) > size
+    found = found[:size]
+    if not more:
+        return found, ""
+    last = found[-1]
+    # In UTC with a "Z": nothing in it that a query string would need escaped ("+" is a space).
+    stamp = last.created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # type: ignore[attr-defined]
+    return found, f"{stamp}|{last.pk}"
 
 
 @dataclass(frozen=True)

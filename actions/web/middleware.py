@@ -2,10 +2,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
 
 logger = logging.getLogger(__name__)
 
@@ -79,3 +82,84 @@ class ApiJsonErrorsMiddleware:
                     json_response[header] = response[header]
             return json_response
         return response
+
+
+class IdempotencyMiddleware:
+    """``Idempotency-Key`` on the API's POSTs, with Stripe's semantics: a retry with the same key
+    and the same request gets the first answer again (``Idempotent-Replayed: true``), not a
+    second run or decision; with another request (method, path or body), 422. A key is kept
+    with the change its request made, in the same transaction (actions.engine.idempotency),
+    for 24 hours per token; a request that changed nothing keeps none, and runs again."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        key = request.headers.get("Idempotency-Key")
+        if key is None or request.method != "POST" or not request.path.startswith("/api/"):
+            return self.get_response(request)
+        if not (0 < len(key) <= MAX_IDEMPOTENCY_KEY and key.isascii() and key.isprintable()):
+            return JsonResponse(
+                {"detail": f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters"},
+                status=400,
+            )
+        from actions.engine import idempotency
+        from actions.models import ApiToken, IdempotencyKey
+
+        scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
+        token = ApiToken.authenticate(secret.strip()) if scheme.lower() == "bearer" and secret else None
+        if token is None:
+            return self.get_response(request)  # refused by the API's own authentication
+        digest = idempotency.request_hash(request.method, request.get_full_path(), request.body)
+        first = IdempotencyKey.objects.filter(token=token, key=key).first()
+        if first is not None:
+            return replayed(first, digest)
+        with idempotency.requested(idempotency.Claim(token.pk, key, digest)) as claim:
+            response = self.get_response(request)
+        if claim.row_id is not None and response.status_code < 500 and not response.streaming:
+            idempotency.answered(
+                claim, response.status_code, response.content, response.get("Content-Type", "")
+            )
+        return response
+
+
+MAX_IDEMPOTENCY_KEY = 255
+
+
+def replayed(first: Any, digest: str) -> HttpResponse:
+    """The answer to a retry of the request that first used the key (an IdempotencyKey)."""
+    from actions.engine import idempotency
+
+    if first.request_hash != digest:
+        return JsonResponse(
+            {
+                "detail": "This Idempotency-Key was used with another request (method, path or body)."
+                " A new request needs a new key."
+            },
+            status=422,
+        )
+    if first.status_code is not None:
+        response = HttpResponse(
+            bytes(first.response), status=first.status_code, content_type=first.content_type
+        )
+        response["Idempotent-Replayed"] = "true"
+        return response
+    in_flight = timedelta(seconds=settings.GRUNDLAG_MAX_WAIT_SECONDS + IN_FLIGHT_MARGIN_SECONDS)
+    if first.created_at > timezone.now() - in_flight:
+        response = JsonResponse({"detail": idempotency.IN_USE}, status=409)
+        response["Retry-After"] = "1"
+        return response
+    # Its change was made, and its answer lost with the process that was giving it.
+    run = f" (run {first.run_id}: GET /api/runs/{first.run_id})" if first.run_id else ""
+    return JsonResponse(
+        {
+            "detail": "The request with this Idempotency-Key made its change, but was never answered"
+            f" (its server stopped){run}. It is not made again.",
+            "run_id": first.run_id,
+        },
+        status=409,
+    )
+
+
+# How long past the longest wait a request's answer may take before it is presumed lost.
+IN_FLIGHT_MARGIN_SECONDS = 60

@@ -25,7 +25,7 @@ def test_a_run_pauses_and_is_answered_over_http_through_the_embedded_worker(site
         assert started.status_code == 200, started.text
         run = started.json()
         assert run["status"] == "interrupted"
-        pending = api.get("/api/interrupts", params={"status": "pending"}).json()
+        pending = api.get("/api/interrupts", params={"status": "pending"}).json()["items"]
         assert [p["id"] for p in pending] == [run["interrupt"]["id"]]
 
         resumed = api.post(

@@ -159,7 +159,7 @@ def test_pending_interrupts_survive_stopping_every_web_and_worker_process(scaled
     web = site.daphne()
     site.worker("w2")
     with web.client(site.token) as api:
-        pending = api.get("/api/interrupts", params={"status": "pending"}).json()
+        pending = api.get("/api/interrupts", params={"status": "pending"}).json()["items"]
         assert sorted(p["id"] for p in pending) == sorted(r["interrupt"]["id"] for r in runs)
         for run in runs:
             api.post(f"/api/interrupts/{run['interrupt']['id']}/resume", json={"data": {"ok": True}})

@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections
 
 from actions import engine, notify
-from actions.engine import audit, steps
+from actions.engine import audit, idempotency, steps
 from actions.notify import process
 
 logger = logging.getLogger("actions")
@@ -94,6 +94,7 @@ def run_periodic_tick(*, sweep: bool, policies: bool = True) -> None:
         if policies:
             engine.apply_policies()
             audit.daily()
+            idempotency.prune()
         if sweep:
             engine.sweep()
             if (notifier := process.current) is not None:
