@@ -66,7 +66,8 @@ def pages_to_check(server: Server, token: str) -> list[str]:
     interrupt_id = start_invoice(server, token, "A11Y-1")
     start_invoice(server, token, "A11Y-2")
     with server.client(token) as api:
-        run_id = next(it["run_id"] for it in api.get("/api/interrupts").json()["items"] if it["id"] == interrupt_id)
+        listed = api.get("/api/interrupts").json()["items"]
+        run_id = next(it["run_id"] for it in listed if it["id"] == interrupt_id)
         # An agent's paused tool call: its page has the form that edits the call.
         agent_run = api.post(
             "/api/agents/runs",

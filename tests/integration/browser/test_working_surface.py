@@ -81,7 +81,8 @@ def test_times_are_shown_in_the_reviewers_time_zone(site: Site, browser: Browser
 def run_of(server: Server, token: str, interrupt_id: int) -> dict[str, Any]:
     """The run that paused with ``interrupt_id``, as the API shows it (its transcript)."""
     with server.client(token) as api:
-        (run_id,) = [it["run_id"] for it in api.get("/api/interrupts").json()["items"] if it["id"] == interrupt_id]
+        listed = api.get("/api/interrupts").json()["items"]
+        (run_id,) = [it["run_id"] for it in listed if it["id"] == interrupt_id]
         run: dict[str, Any] = api.get(f"/api/runs/{run_id}").json()
     return run
 
