@@ -126,16 +126,16 @@ def page(rows: QuerySet[M], cursor: str, size: int = PAGE_SIZE) -> tuple[list[M]
     """One page (newest first) after ``cursor`` ("<created_at>|<id>" of the last row seen), and
     the cursor of the next ("" on the last). Keyset paging costs the same on page 1 and page
     2,000: no OFFSET, just an index range. A cursor that is not one starts from the top."""
-    if last := parse_cursor(cursor):
-        rows = rows.filter(Q(created_at__lt=last[0]) | Q(created_at=last[0], id__lt=last[1]))
+    if seen := parse_cursor(cursor):
+        rows = rows.filter(Q(created_at__lt=seen[0]) | Q(created_at=seen[0], id__lt=seen[1]))
     found = list(rows[: size + 1])
     more = len(found) > size
     found = found[:size]
     if not more:
         return found, ""
-    last = found[-1]
+    last: Any = found[-1]
     # In UTC with a "Z": nothing in it that a query string would need escaped ("+" is a space).
-    stamp = last.created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # type: ignore[attr-defined]
+    stamp = last.created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return found, f"{stamp}|{last.pk}"
 
 
