@@ -472,8 +472,16 @@ async def create_run(request: HttpRequest, payload: RunIn) -> Status[dict[str, A
 
 
 @api.get("/runs/{run_id}", response={200: RunDetailOut, 404: Error}, tags=["runs"])
-def read_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
-    return run_out(request, get_run(token_of(request), run_id), transcript=True)
+async def read_run(request: HttpRequest, run_id: int) -> Status[dict[str, Any]]:
+    """The run with its transcript. `Prefer: wait=N` holds the answer up to N seconds (at most
+    30) while it is queued or running: a long poll for it to pause or finish."""
+    run = await sync_to_async(get_run)(token_of(request), run_id)
+    settled = await settled_response(request, run.pk, describe=with_transcript)
+    return Status(200, settled.value)
+
+
+def with_transcript(request: HttpRequest, run: Run) -> dict[str, Any]:
+    return run_out(request, run, transcript=True)
 
 
 @api.post("/runs/{run_id}/cancel", response={200: RunOut, 403: Error, 404: Error, 409: Error}, tags=["runs"])
