@@ -6,10 +6,7 @@ they did not exist. ``state`` appears in no response.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import re
-import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -362,14 +359,6 @@ def get_interrupt(token: ApiToken, interrupt_id: int) -> Interrupt:
 
 # Waiting: `Prefer: wait=N` (RFC 7240) holds the response until the run settles.
 
-# How soon a waiting request reads the run again when nothing woke it. While every change of a
-# run wakes its waiters here (actions.web.waiting.covers_all_changes), that is a fallback for a
-# lost wake-up, after settings.GRUNDLAG_WAIT_POLL_SECONDS. While a change may not (another
-# process changes the run on a database without notifications, or the listener is
-# reconnecting), the poll is how the change is found: after the first of these, then twice as
-# long each time, up to the second.
-FAST_POLL_SECONDS = (0.01, 0.1)
-
 _WAIT = re.compile(r"\bwait\s*=\s*(\d+)", re.IGNORECASE)
 
 
@@ -391,29 +380,10 @@ async def settled_response(
     has, 202 while not. ``done`` says what settled means (an approval: decided, not paused);
     ``describe`` how it is told (the run's description by default).
 
-    Callers wait on the database row, the truth, not on a task result or a push: a signal that
-    the run changed (actions.web.waiting: the engine's, in this process; PostgreSQL's
-    notification, from any) says when to read it again. Were it lost, it is read again anyway
-    (FAST_POLL_SECONDS)."""
+    Callers wait on the database row, the truth, not on a task result or a push
+    (actions.web.waiting.wait_for)."""
     wait = requested_wait(request)
-    run: Run | None = None
-    if wait > 0:
-        deadline = time.monotonic() + wait
-        fast = FAST_POLL_SECONDS[0]
-        async with waiting.changes_of(run_id) as changed:
-            while True:
-                changed.clear()  # before reading: a change after the read sets it again
-                run = await Run.objects.aget(pk=run_id)
-                remaining = deadline - time.monotonic()
-                if done(run) or remaining <= 0:
-                    break
-                if waiting.covers_all_changes():
-                    delay = settings.GRUNDLAG_WAIT_POLL_SECONDS
-                else:
-                    delay, fast = fast, min(fast * 2, FAST_POLL_SECONDS[1])
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(min(delay, remaining)):
-                        await changed.wait()
+    run = await waiting.wait_for(run_id, wait, done) if wait > 0 else None
 
     def respond() -> Status[dict[str, Any]]:
         current = run if run is not None else Run.objects.get(pk=run_id)

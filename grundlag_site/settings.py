@@ -396,7 +396,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = GRUNDLAG_MAX_PAYLOAD_BYTES + 64 * 1024
 GRUNDLAG_MAX_WAIT_SECONDS = 30
 # A request waiting with `Prefer: wait` is woken by the run's change (the engine's signal in
 # this process; PostgreSQL's NOTIFY from any). Should that be lost, it reads the run again
-# after this long (actions.api.FAST_POLL_SECONDS while a change may not wake it).
+# after this long (actions.web.waiting.FAST_POLL_SECONDS while a change may not wake it).
 GRUNDLAG_WAIT_POLL_SECONDS = envfloat("GRUNDLAG_WAIT_POLL_SECONDS", "1.0", minimum=0.05)
 # Production's view (actions.metrics). /metrics answers only a bearer of this token (it is off,
 # 404, without one); /healthz and /readyz are open and say nothing but up / ready. A Celery

@@ -124,7 +124,7 @@ async def test_a_waiting_api_request_answers_as_soon_as_the_run_changes_not_at_i
 
     from actions import api
 
-    monkeypatch.setattr(api, "FAST_POLL_SECONDS", (60.0, 60.0))
+    monkeypatch.setattr(waiting, "FAST_POLL_SECONDS", (60.0, 60.0))
     settings.GRUNDLAG_WAIT_POLL_SECONDS = 60.0
     run = await sync_to_async(Run.objects.create)(
         action="send_invoice", input={"invoice_id": "W-1", "amount": 1}, team=team

@@ -25,13 +25,15 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from actions.engine import steps, store
+from actions.models import Run
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +81,35 @@ async def changes_of(run_id: int) -> AsyncIterator[asyncio.Event]:
                 waiting.discard(entry)
                 if not waiting:
                     del _waiters[run_id]
+
+
+# How soon a waiter reads the run again when nothing woke it. While every change of a run wakes
+# its waiters here (covers_all_changes), that is a fallback for a lost wake-up, after
+# settings.GRUNDLAG_WAIT_POLL_SECONDS. While a change may not (another process changes the run on
+# a database without notifications, or the listener is reconnecting), the poll is how the change
+# is found: after the first of these, then twice as long each time, up to the second.
+FAST_POLL_SECONDS = (0.01, 0.1)
+
+
+async def wait_for(run_id: int, seconds: float | None, done: Callable[[Run], bool]) -> Run:
+    """The run, read once ``done`` says so of it, or once ``seconds`` have passed (None: no
+    limit): woken by its changes (``changes_of``), read again should a wake-up be lost."""
+    deadline = None if seconds is None else time.monotonic() + seconds
+    fast = FAST_POLL_SECONDS[0]
+    async with changes_of(run_id) as changed:
+        while True:
+            changed.clear()  # before reading: a change after the read sets it again
+            run = await Run.objects.aget(pk=run_id)
+            remaining = float("inf") if deadline is None else deadline - time.monotonic()
+            if done(run) or remaining <= 0:
+                return run
+            if covers_all_changes():
+                delay = settings.GRUNDLAG_WAIT_POLL_SECONDS
+            else:
+                delay, fast = fast, min(fast * 2, FAST_POLL_SECONDS[1])
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(delay, remaining)):
+                    await changed.wait()
 
 
 def listen() -> None:
