@@ -185,6 +185,8 @@ class Run(models.Model):
         SANDBOX = "sandbox"
         # An approval asked for by a service outside (POST /api/approvals): a run of one pause.
         APPROVAL = "approval"
+        # A tool call of an agent host, through the MCP endpoint (actions.mcp): a plain action's run.
+        MCP = "mcp"
 
     SETTLED = (
         Status.INTERRUPTED,

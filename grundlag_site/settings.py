@@ -398,6 +398,9 @@ GRUNDLAG_MAX_WAIT_SECONDS = 30
 # this process; PostgreSQL's NOTIFY from any). Should that be lost, it reads the run again
 # after this long (actions.web.waiting.FAST_POLL_SECONDS while a change may not wake it).
 GRUNDLAG_WAIT_POLL_SECONDS = envfloat("GRUNDLAG_WAIT_POLL_SECONDS", "1.0", minimum=0.05)
+# An MCP tool call without a task waits this long for its run to finish, then answers that it
+# is pending, with its link (actions.mcp).
+GRUNDLAG_MCP_WAIT_SECONDS = envfloat("GRUNDLAG_MCP_WAIT_SECONDS", "25", minimum=0)
 # Production's view (actions.metrics). /metrics answers only a bearer of this token (it is off,
 # 404, without one); /healthz and /readyz are open and say nothing but up / ready. A Celery
 # worker serves its own metrics on GRUNDLAG_WORKER_METRICS_ADDR (host:port; off when empty).

@@ -4,6 +4,7 @@ Redis and PostgreSQL, as separate processes on 127.0.0.1 ports of their own."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -222,3 +223,27 @@ def logged_in_reviewer(web: Server) -> httpx.Client:
     )
     assert response.status_code == 302, "login failed"
     return reviewer
+
+
+def decide(
+    web: Server, interrupt_id: int, *, approve: bool = True, fields: dict[str, str] | None = None
+) -> None:
+    """reviewer1 decides the interrupt on its page, as a browser would: approves it with the
+    answer form's ``fields``, or rejects it ("not this week")."""
+    reviewer = logged_in_reviewer(web)
+    try:
+        page = reviewer.get(f"/interrupts/{interrupt_id}/")
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+        assert token, f"no form on the page of interrupt {interrupt_id}"
+        form = {"csrfmiddlewaretoken": token.group(1)}
+        headers = {"Referer": f"{web.url}/interrupts/{interrupt_id}/"}
+        if approve:
+            response = reviewer.post(
+                f"/interrupts/{interrupt_id}/approve/", data={**form, **(fields or {})}, headers=headers
+            )
+        else:
+            form["reject-reason"] = "not this week"
+            response = reviewer.post(f"/interrupts/{interrupt_id}/reject/", data=form, headers=headers)
+        assert response.status_code in (200, 302), response.text[:500]
+    finally:
+        reviewer.close()

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from grundlag_client import Client, Rejected, TimedOut, requires_approval
-from tests.integration.processes import Server, Site, logged_in_reviewer
+from tests.integration.processes import Server, Site, decide, logged_in_reviewer
 
 pytestmark = pytest.mark.integration
 
@@ -34,10 +34,9 @@ def client(web: Server, site: Site) -> Iterator[Client]:
 def decide_when_asked(
     web: Server, *, approve: bool, fields: dict[str, str] | None = None
 ) -> threading.Thread:
-    """reviewer1, in the browser's way: waits for the next pending approval in the inbox, then
-    approves it with ``fields`` (or rejects it)."""
+    """reviewer1 waits for the next approval to reach the inbox, then decides it on its page."""
 
-    def decide() -> None:
+    def decide_next() -> None:
         reviewer = logged_in_reviewer(web)
         try:
             for _ in range(200):
@@ -45,23 +44,12 @@ def decide_when_asked(
                 if found:
                     break
                 threading.Event().wait(0.05)
-            assert found, "no approval reached the inbox"
-            pk = found.group(1)
-            page = reviewer.get(f"/interrupts/{pk}/")
-            token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
-            assert token
-            form = {"csrfmiddlewaretoken": token.group(1)}
-            headers = {"Referer": f"{web.url}/interrupts/{pk}/"}
-            if approve:
-                form.update(fields or {})
-                reviewer.post(f"/interrupts/{pk}/approve/", data=form, headers=headers)
-            else:
-                form["reject-reason"] = "not this week"
-                reviewer.post(f"/interrupts/{pk}/reject/", data=form, headers=headers)
         finally:
             reviewer.close()
+        assert found, "no approval reached the inbox"
+        decide(web, int(found.group(1)), approve=approve, fields=fields)
 
-    thread = threading.Thread(target=decide, daemon=True)
+    thread = threading.Thread(target=decide_next, daemon=True)
     thread.start()
     return thread
 
