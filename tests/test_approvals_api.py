@@ -177,6 +177,21 @@ def test_another_teams_token_sees_no_approval(api: Api, other_api: Api) -> None:
     assert api.get(f"/approvals/{run['id']}").status_code == 404
 
 
+def test_the_caller_hears_of_the_decision_by_the_run_finished_webhook(
+    api: Api, reviewer: User, receiver: Any
+) -> None:
+    from actions import notify
+
+    hook = api.post("/webhooks", {"url": receiver.url, "events": ["run.finished"]}).json()
+    approval = ask(api, answer_schema=TICKET_SCHEMA).json()
+    engine.resume(the_interrupt(approval["id"]), {"window": "tonight", "ticket": "CHG-9"}, reviewer)
+    notify.dispatch()
+    (finished,) = receiver.verified(hook["secret"])
+    assert finished["type"] == "run.finished"
+    assert finished["data"]["id"] == approval["id"] and finished["data"]["consumer"] == "approval"
+    assert finished["data"]["output"] == {"window": "tonight", "ticket": "CHG-9"}
+
+
 # Its policy
 
 

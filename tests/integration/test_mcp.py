@@ -357,3 +357,30 @@ def test_another_teams_token_finds_no_task_and_no_token_is_refused(site: Site) -
     )
     assert unauthenticated.status_code == 401
     assert unauthenticated.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_in_the_scaled_setup_any_web_process_answers_for_a_task(scaled_site: Site) -> None:
+    """PostgreSQL, Redis, a Celery worker and two daphne processes: a task made through one is
+    answered by the other, and once the first is gone too."""
+    site = scaled_site
+    first, second = site.daphne(), site.daphne()
+    site.worker("w1")
+
+    async def create() -> str:
+        async with legacy(first, site.token) as (_, dispatcher):
+            created = await call_as_task(dispatcher, "send_invoice", {"invoice_id": "MCP-S", "amount": 9})
+            return created.task.task_id
+
+    task_id = asyncio.run(create())
+    stop(first.proc)
+    (run,) = runs(second, site)
+    decide(second, pending_interrupt(second, site, run["id"]), approve=True)
+
+    async def finished() -> tuple[types.GetTaskResult, types.CallToolResult]:
+        async with legacy(second, site.token) as (session, _):
+            return await get_task(session, task_id), await task_result(session, task_id)
+
+    task, result = asyncio.run(finished())
+    assert task.status == "completed"
+    assert result.structured_content is not None
+    assert result.structured_content["output"]["invoice_id"] == "MCP-S"
