@@ -25,9 +25,17 @@ from pydantic import ConfigDict, Field
 from actions import engine
 from actions.core import UnknownAction, registry
 from actions.drivers.agent import ModelError, start_agent
-from actions.drivers.approval import MAX_APPROVALS, MAX_DEADLINE, MAX_MESSAGE_CHARS, request_approval
+from actions.drivers.approval import (
+    APPROVAL_ACTION,
+    MAX_APPROVALS,
+    MAX_DEADLINE,
+    MAX_MESSAGE_CHARS,
+    policy_of,
+    request_approval,
+)
 from actions.drivers.sandbox import SandboxUnavailable, start_script
 from actions.engine import idempotency
+from actions.engine.policies import as_requested
 from actions.models import ApiToken, AuditExport, Interrupt, Run, Webhook, WebhookEvent, actor_name
 from actions.notify import webhook
 from actions.web import waiting
@@ -46,7 +54,43 @@ def token_of(request: HttpRequest) -> ApiToken:
     return token
 
 
-api = NinjaAPI(
+IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "1 to 255 printable ASCII characters. A retry with the same key and request gets "
+    "the first answer again (Idempotent-Replayed: true); with another request, 422; while the first "
+    "is being answered, 409 with Retry-After. Kept 24 hours per token.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+}
+PREFER_WAIT = {
+    "name": "Prefer",
+    "in": "header",
+    "required": False,
+    "description": "wait=N (at most 30): hold the answer up to N seconds for the run to settle",
+    "schema": {"type": "string", "example": "wait=10"},
+}
+
+
+class Api(NinjaAPI):
+    def get_openapi_schema(self, *, path_prefix: str | None = None, path_params: Any = None) -> Any:
+        """Ninja's document, with the headers every POST takes (and the waits of the reads)."""
+        schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+        error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+        for path, operations in schema["paths"].items():
+            if "post" in operations:
+                post = operations["post"]
+                post.setdefault("parameters", []).extend([IDEMPOTENCY_KEY, PREFER_WAIT])
+                post["responses"].setdefault(
+                    "400", {"description": "A bad Idempotency-Key", "content": error}
+                )
+                post["responses"].setdefault("409", {"description": "Its key is in use", "content": error})
+            if path.endswith(("/runs/{run_id}", "/approvals/{approval_id}")) and "get" in operations:
+                operations["get"].setdefault("parameters", []).append(PREFER_WAIT)
+        return schema
+
+
+api = Api(
     title="Grundlag approvals",
     version="1.0",
     description="Start actions, read their runs, and answer the interrupts they pause on.",
@@ -359,7 +403,7 @@ def get_interrupt(token: ApiToken, interrupt_id: int) -> Interrupt:
 
 # Waiting: `Prefer: wait=N` (RFC 7240) holds the response until the run settles.
 
-_WAIT = re.compile(r"\bwait\s*=\s*(\d+)", re.IGNORECASE)
+_WAIT = re.compile(r"\bwait\s*=\s*(\d{1,6})\b", re.IGNORECASE)
 
 
 def requested_wait(request: HttpRequest) -> float:
@@ -469,7 +513,7 @@ def cancel_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
 
 # Lists: newest first, filtered, paged by a cursor (keyset: page 2,000 costs what page 1 does).
 
-Limit = Annotated[int, Field(ge=1, le=200)]
+Limit = Annotated[int, Field(ge=1, le=500)]
 
 
 class RunListItem(Schema):
@@ -518,11 +562,11 @@ def list_runs(
     since: datetime | None = None,
     until: datetime | None = None,
     after: str = "",
-    limit: Limit = 50,
+    limit: Limit = 100,
 ) -> dict[str, Any]:
     """The team's runs, newest first, filtered by `status`, `action`, `consumer` and when they
-    were created (`since` inclusive, `until` exclusive, ISO 8601); `limit` a page (at most
-    200), the next after `after` (the page's `next`)."""
+    were created (`since` inclusive, `until` exclusive, ISO 8601); `limit` a page (100 by
+    default, at most 500), the next after `after` (the page's `next`)."""
     runs = Run.objects.filter(team=token_of(request).team_id).defer("input", "driver_state")
     if status:
         runs = runs.filter(status=status)
@@ -548,7 +592,7 @@ def list_interrupts(
     since: datetime | None = None,
     until: datetime | None = None,
     after: str = "",
-    limit: Limit = 50,
+    limit: Limit = 100,
 ) -> dict[str, Any]:
     """The team's interrupts (and those escalated to it), newest first, filtered by `status`
     (`?status=pending`: the open questions), `action`, the run's `consumer` and when they were
@@ -556,9 +600,8 @@ def list_interrupts(
     token = token_of(request)
     interrupts = (
         Interrupt.objects.filter(Interrupt.visible_to([token.team_id]))
-        .defer("state")
+        .only(*INTERRUPT_LIST_FIELDS, "decided_by_name")
         .order_by("-created_at", "-id")
-        .prefetch_related("approvals__user")
     )
     if status:
         interrupts = interrupts.filter(status=status)
@@ -567,8 +610,26 @@ def list_interrupts(
     if consumer:
         interrupts = interrupts.filter(run__consumer=consumer)
     rows, next_cursor = paged(interrupts, after, limit, since, until)
-    items = [{**transcript_entry(it), "run_id": it.run_id, "action": it.action} for it in rows]
+    items = [
+        {name: getattr(it, name) for name in INTERRUPT_LIST_FIELDS}
+        | {"decided_by": it.decided_by_name or None}
+        for it in rows
+    ]
     return {"items": items, "next": next_cursor}
+
+
+# What a listed interrupt says (InterruptListItem): read alone, never its checkpoint.
+INTERRUPT_LIST_FIELDS = (
+    "id",
+    "run_id",
+    "seq",
+    "action",
+    "message",
+    "data",
+    "status",
+    "created_at",
+    "decided_at",
+)
 
 
 class HistoryItem(Schema):
@@ -768,6 +829,9 @@ class ApprovalRequestOut(Schema):
     answer: Any = Field(description="The approved answer; null until then")
     reason: str = Field(description="Why it was rejected, expired, cancelled or failed")
     decided_by: str | None
+    decided_via: str = Field(
+        description="dashboard, api, email, slack, bulk, deadline, rule or grant; empty while pending"
+    )
     decided_at: datetime | None
     created_at: datetime
     expires_at: datetime | None
@@ -790,7 +854,8 @@ def approval_status(run: Run, it: Interrupt | None) -> str:
 def approval_out(request: HttpRequest, run: Run) -> dict[str, Any]:
     it = run.interrupts.defer("state").order_by("seq").first()
     asked = run.driver_state
-    policy = asked.get("policy") or {}
+    # Until its pause is recorded (a worker's step), what the policy will be, as it will be.
+    policy = as_requested(engine.effective_policy(run.team_id, APPROVAL_ACTION), policy_of(asked))
     return {
         "id": run.pk,
         "status": approval_status(run, it),
@@ -800,11 +865,12 @@ def approval_out(request: HttpRequest, run: Run) -> dict[str, Any]:
         # A reviewer's reason to reject; otherwise what ended the run (a deadline, a cancel).
         "reason": it.reason if it is not None and run.status == Run.Status.REJECTED else run.error,
         "decided_by": (it.decided_by_name or None) if it is not None else None,
+        "decided_via": it.decided_via if it is not None else "",
         "decided_at": it.decided_at if it is not None else None,
         "created_at": run.created_at,
         "expires_at": it.expires_at if it is not None else None,
-        "approvals_required": it.approvals_required if it is not None else policy.get("approvals", 1),
-        "assignees": it.assignees if it is not None else policy.get("assignees", []),
+        "approvals_required": it.approvals_required if it is not None else policy.approvals,
+        "assignees": it.assignees if it is not None else list(policy.assignees),
         "answer_schema": asked.get("answer_schema"),
         "url": request.build_absolute_uri(run.get_absolute_url()),
     }

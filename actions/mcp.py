@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar, cast
 
 import mcp_types as types
+from asgiref.sync import ThreadSensitiveContext
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.core import signing
@@ -155,10 +156,14 @@ def pending_text(run: Run, waiting_on: Interrupt | None) -> str:
     return f"Waiting for a person's approval{why}. Run {run.pk} is pending; follow it at {run_url(run)}"
 
 
+def api_url(run: Run) -> str:
+    """Where a program reads the run with the same token (``Prefer: wait`` holds it)."""
+    return f"{settings.GRUNDLAG_BASE_URL.rstrip('/')}/api/runs/{run.pk}"
+
+
 def pending_result(run: Run, waiting_on: Interrupt | None) -> types.CallToolResult:
-    return text_result(
-        pending_text(run, waiting_on), {"run_id": run.pk, "status": "pending", "url": run_url(run)}
-    )
+    about = {"run_id": run.pk, "status": "pending", "url": run_url(run), "api_url": api_url(run)}
+    return text_result(pending_text(run, waiting_on), about)
 
 
 def _task(run: Run, waiting_on: Interrupt | None, *, ttl: str, poll: str) -> dict[str, Any]:
@@ -532,7 +537,10 @@ class Endpoint:
         manager = await self.manager()
         reset = _token.set(token)
         try:
-            await manager.handle_request({**scope, "grundlag.token": token}, receive, send)
+            # As Django does for each request: the request's database work in a thread of its
+            # own, not queued behind every other MCP call and websocket of the process.
+            async with ThreadSensitiveContext():
+                await manager.handle_request({**scope, "grundlag.token": token}, receive, send)
         finally:
             _token.reset(reset)
 

@@ -127,7 +127,7 @@ class IdempotencyKey(models.Model):
     The row is written in the transaction of the change the request made (a run started, an
     interrupt decided), so that the change and the key are kept together or not at all: a
     request that changed nothing (refused, invalid) keeps no key, and may be sent again. Kept
-    24 hours per token (actions.tasks.prune_idempotency_keys)."""
+    24 hours per token (actions.engine.idempotency.prune, in the periodic round)."""
 
     token = models.ForeignKey(ApiToken, models.CASCADE, related_name="+", db_index=False)
     key = models.CharField(max_length=255)

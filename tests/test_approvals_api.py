@@ -95,6 +95,41 @@ def test_an_approval_waits_in_the_inbox_and_its_answer_fits_the_schema(api: Api,
     assert body["decided_by"] == "reviewer1" and body["decided_at"] is not None
 
 
+def test_the_schemas_text_is_shown_as_text_never_as_markup(api: Api, reviewer: User) -> None:
+    injected = '<span hx-post="approve/" hx-trigger="load" hx-vals=\'{"answer-ticket": "pwned"}\'>x</span>'
+    schema = {
+        "type": "object",
+        "properties": {"ticket": {"type": "string", "title": "<b>Ticket</b>", "description": injected}},
+    }
+    approval = ask(api, answer_schema=schema).json()
+    it = the_interrupt(approval["id"])
+    page = as_person(reviewer).get(f"/interrupts/{it.pk}/").content.decode()
+    assert '<span hx-post="approve/"' not in page and "<b>Ticket</b>" not in page
+    assert "&lt;span hx-post=" in page and "&lt;b&gt;Ticket&lt;/b&gt;" in page
+    assert api.get(f"/approvals/{approval['id']}").json()["status"] == "pending"
+
+
+def test_a_boolean_choice_is_answered_as_chosen(api: Api, reviewer: User) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"to_production": {"enum": [False, True]}},
+        "required": ["to_production"],
+    }
+    approval = ask(api, answer_schema=schema).json()
+    it = the_interrupt(approval["id"])
+    as_person(reviewer).post(f"/interrupts/{it.pk}/approve/", {"answer-to_production": "false"})
+    assert api.get(f"/approvals/{approval['id']}").json()["answer"] == {"to_production": False}
+
+
+def test_an_absurd_wait_is_no_wait(api: Api) -> None:
+    approval = ask(api).json()
+    response = api.client.get(
+        f"/api/approvals/{approval['id']}",
+        headers={"Authorization": f"Bearer {api.key}", "Prefer": "wait=" + "9" * 5000},
+    )
+    assert response.status_code == 200 and response.json()["status"] == "pending"
+
+
 def test_an_answer_over_the_api_is_checked_against_the_schema(
     api: Api, team: Team, reviewer: User, token_key: str
 ) -> None:
@@ -206,6 +241,7 @@ def test_a_deadline_applies_the_default_answer(api: Api) -> None:
     engine.apply_policies(timezone.now() + timedelta(seconds=601))
     body = api.get(f"/approvals/{approval['id']}").json()
     assert body["status"] == "approved" and body["answer"] == {"window": "weekend", "ticket": "AUTO"}
+    assert body["decided_via"] == "deadline" and body["decided_by"] == "deadline policy"
 
 
 def test_a_deadline_without_a_default_expires_it(api: Api) -> None:
@@ -244,7 +280,7 @@ def test_the_teams_rules_decide_approvals_too(api: Api, team: Team) -> None:
         team=team,
         name="small refunds",
         action="approval",
-        when="input.amount < 100",
+        when="data.amount < 100",
         then=TeamRule.Then.APPROVE,
         answer={"approved": True, "comment": "small"},
     )
@@ -252,7 +288,66 @@ def test_the_teams_rules_decide_approvals_too(api: Api, team: Team) -> None:
     big = ask(api, data={"amount": 2000}).json()
     assert api.get(f"/approvals/{small['id']}").json()["status"] == "approved"
     assert api.get(f"/approvals/{small['id']}").json()["decided_by"] == "rule: small refunds"
+    assert api.get(f"/approvals/{small['id']}").json()["decided_via"] == "rule"
     assert api.get(f"/approvals/{big['id']}").json()["status"] == "pending"
+
+
+def test_what_the_request_asks_adds_to_the_teams_policy_never_takes_from_it(
+    api: Api, team: Team, reviewer: User, second_reviewer: User
+) -> None:
+    Policy.objects.create(team=team, action="approval", assignees="reviewer1", deadline_minutes=10)
+    outside = ask(api, assignees=["reviewer2"])
+    assert outside.status_code == 422 and "only reviewer1" in outside.json()["message"]
+    own_default = ask(api, deadline_seconds=600, default_answer={"approved": True, "comment": ""})
+    assert own_default.status_code == 422 and "what happens at the deadline" in own_default.json()["message"]
+    assert not Run.objects.exists()
+    # A deadline later than the team's is the team's.
+    later = ask(api, deadline_seconds=3600).json()
+    expires = Interrupt.objects.get(run_id=later["id"]).expires_at
+    assert expires is not None and expires - timezone.now() < timedelta(minutes=11)
+    assert later["assignees"] == ["reviewer1"]
+
+
+def test_a_rules_answer_must_fit_the_schema_or_people_decide(api: Api, team: Team) -> None:
+    TeamRule.objects.create(
+        team=team, name="wave it through", action="approval", when="true",
+        then=TeamRule.Then.APPROVE, answer={"approved": True},
+    )  # fmt: skip
+    approval = ask(api, answer_schema=TICKET_SCHEMA).json()
+    assert api.get(f"/approvals/{approval['id']}").json()["status"] == "pending"
+    event = RunEvent.objects.get(run_id=approval["id"], kind=RunEvent.Kind.INTERRUPTED)
+    assert "does not fit" in event.detail["rule_failed"]["error"]
+
+
+def test_a_standing_grant_covers_the_same_question_only(api: Api, team: Team, reviewer: User) -> None:
+    from actions.engine import rules
+
+    first = ask(api, data={"service": "billing"}).json()
+    it = the_interrupt(first["id"])
+    rules.give_grant(it, reviewer, lasting="hour", answer={"approved": True, "comment": ""})
+    engine.resume(it, {"approved": True, "comment": ""}, reviewer)
+    same = ask(api, data={"service": "billing"}).json()
+    other_question = ask(api, message="Drop the billing database?", data={"service": "billing"}).json()
+    assert api.get(f"/approvals/{same['id']}").json()["decided_via"] == "grant"
+    assert api.get(f"/approvals/{other_question['id']}").json()["status"] == "pending"
+
+
+def test_one_failing_deadline_does_not_stop_the_others(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    from actions.engine import deadlines
+
+    broken = ask(api, deadline_seconds=60).json()
+    fine = ask(api, deadline_seconds=60).json()
+    apply = deadlines._apply_deadline
+
+    def failing(interrupt: Interrupt) -> None:
+        if interrupt.run_id == broken["id"]:
+            raise RuntimeError("a defect")
+        apply(interrupt)
+
+    monkeypatch.setattr(deadlines, "_apply_deadline", failing)
+    engine.apply_policies(timezone.now() + timedelta(seconds=61))
+    assert api.get(f"/approvals/{fine['id']}").json()["status"] == "expired"
+    assert api.get(f"/approvals/{broken['id']}").json()["status"] == "pending"
 
 
 # Bad requests: a clear error, and nothing created
@@ -265,7 +360,7 @@ def test_the_teams_rules_decide_approvals_too(api: Api, team: Team) -> None:
         ({"answer_schema": {"type": "string"}}, "answer_schema"),
         ({"default_answer": {"window": "tonight"}}, "default_answer"),
         (
-            {"answer_schema": TICKET_SCHEMA, "deadline_seconds": 60, "default_answer": {"window": "never"}},
+            {"answer_schema": TICKET_SCHEMA, "deadline_seconds": 600, "default_answer": {"window": "never"}},
             "default_answer",
         ),
         ({"assignees": ["nobody"]}, "assignees"),
@@ -273,10 +368,97 @@ def test_the_teams_rules_decide_approvals_too(api: Api, team: Team) -> None:
         ({"deadline_seconds": 0}, "deadline_seconds"),
         ({"colour": "red"}, "colour"),
         ({"message": "   "}, "message"),
+        # What a form cannot show, or what would run long or reach elsewhere:
+        (
+            {
+                "answer_schema": {
+                    "type": "object",
+                    "properties": {"a": {"type": "string", "pattern": "^(a+)+$"}},
+                }
+            },
+            "pattern",
+        ),
+        (
+            {"answer_schema": {"type": "object", "patternProperties": {"^x": {"type": "string"}}}},
+            "patternProperties",
+        ),
+        ({"answer_schema": {"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}}}, "$ref"),
+        (
+            {
+                "answer_schema": {
+                    "type": "object",
+                    "properties": {"a": {"$ref": "https://example.com/s.json"}},
+                }
+            },
+            "$ref",
+        ),
+        ({"answer_schema": {"type": "object", "properties": {"a": True}}}, "true or false schema"),
+        (
+            {"answer_schema": {"type": "object", "properties": {"a": {"anyOf": [True, {"type": "string"}]}}}},
+            "anyOf",
+        ),
+        ({"answer_schema": {"type": "object", "properties": {"a": {"enum": []}}}}, "enum"),
+        ({"answer_schema": {"type": "object", "properties": {"a": {"enum": ["x", 1]}}}}, "enum"),
+        ({"answer_schema": {"type": "object", "properties": {"a": {"enum": [{"x": 1}]}}}}, "enum"),
+        ({"answer_schema": {"type": "object", "description": "x" * 20_000}}, "16384"),
+        ({"approvals_required": 3, "assignees": ["reviewer1"]}, "approvals_required"),
+        (
+            {"approvals_required": 2, "deadline_seconds": 600, "default_answer": {"ok": True}},
+            "default_answer",
+        ),
+        ({"deadline_seconds": 1, "default_answer": {"approved": True}}, "deadline_seconds"),
+        (
+            {
+                "answer_schema": {
+                    "type": "object",
+                    "properties": {"a": {"type": "array", "uniqueItems": True}},
+                }
+            },
+            "uniqueItems",
+        ),
+        (
+            {
+                "answer_schema": {
+                    "type": "object",
+                    "properties": {
+                        "a": {
+                            "not": {
+                                "not": {
+                                    "not": {
+                                        "not": {
+                                            "not": {
+                                                "not": {
+                                                    "not": {
+                                                        "not": {
+                                                            "not": {
+                                                                "not": {
+                                                                    "not": {
+                                                                        "not": {
+                                                                            "not": {
+                                                                                "not": {"not": {"not": {}}}
+                                                                            }
+                                                                        }
+                                                                    }
+                                                                }
+                                                            }
+                                                        }
+                                                    }
+                                                }
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    },
+                }
+            },
+            "nested",
+        ),
     ],
 )
 def test_a_bad_request_is_refused_naming_the_field_and_creates_nothing(
-    api: Api, fields: dict[str, Any], where: str
+    api: Api, reviewer: User, fields: dict[str, Any], where: str
 ) -> None:
     refused = ask(api, **fields)
     assert refused.status_code == 422, refused.content
@@ -334,6 +516,36 @@ def requester_approves(team: Team) -> None:
     Policy.objects.create(team=team, action="send_invoice", requester_may_approve=True)
 
 
+def test_a_decision_retried_while_the_first_is_made_gets_its_answer_not_already_decided(
+    api: Api, token_key: str, requester_approves: None
+) -> None:
+    run = api.post("/runs", {"action": "send_invoice", "input": {"invoice_id": "A", "amount": 1}}).json()
+    path = f"/interrupts/{run['interrupt']['id']}/resume"
+    barrier = threading.Barrier(2)
+    answers: list[Any] = []
+
+    def send() -> None:
+        try:
+            barrier.wait()
+            answers.append(post(Api(Client(), token_key), path, {"data": {"approved": True}}, "decide-race"))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=send) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    for answer in answers:
+        if answer.status_code == 409:  # the first was still being answered: retry, and get it
+            assert answer["Retry-After"] == "1", answer.json()
+        else:
+            assert answer.status_code == 200 and answer.json()["status"] == "completed"
+    assert RunEvent.objects.filter(run_id=run["id"], kind=RunEvent.Kind.APPROVED).count() == 1
+    retried = post(api, path, {"data": {"approved": True}}, "decide-race")
+    assert retried.status_code == 200 and retried["Idempotent-Replayed"] == "true"
+
+
 def test_a_request_that_changed_nothing_keeps_no_key(api: Api) -> None:
     refused = post(api, "/runs", {"action": "send_invoice", "input": {"amount": "lots"}}, "k")
     assert refused.status_code == 422
@@ -378,7 +590,7 @@ def test_a_key_whose_request_was_never_answered_says_what_it_did(api: Api, setti
     IdempotencyKey.objects.filter(pk=row.pk).update(status_code=None, response=None)
     busy = post(api, "/approvals", {"message": "lost?"}, "k")
     assert busy.status_code == 409 and busy["Retry-After"] == "1"
-    IdempotencyKey.objects.filter(pk=row.pk).update(created_at=timezone.now() - timedelta(minutes=5))
+    IdempotencyKey.objects.filter(pk=row.pk).update(created_at=timezone.now() - timedelta(hours=2))
     lost = post(api, "/approvals", {"message": "lost?"}, "k")
     assert lost.status_code == 409 and lost.json()["run_id"] == first.json()["id"]
     assert Run.objects.count() == 1
@@ -483,7 +695,7 @@ def test_interrupts_are_listed_filtered_and_paged_by_cursor(api: Api, team: Team
 
 
 @pytest.mark.parametrize(
-    "query", ["after=garbage", "status=lost", "consumer=robot", "limit=0", "limit=201", "since=yesterday"]
+    "query", ["after=garbage", "status=lost", "consumer=robot", "limit=0", "limit=501", "since=yesterday"]
 )
 def test_a_bad_list_query_is_refused(api: Api, query: str) -> None:
     for path in ("/runs", "/interrupts"):

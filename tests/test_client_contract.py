@@ -5,6 +5,7 @@ has exactly the fields of its schema, and the package installs with pip from its
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,10 +78,13 @@ def test_the_list_pages_are_what_the_client_pages_through(document: dict[str, An
 
 
 def test_the_package_installs_with_pip_from_its_directory(tmp_path: Path) -> None:
+    # From a copy: a build writes beside the sources (build/, *.egg-info), not in the checkout.
+    source = shutil.copytree(
+        CLIENT_DIR, tmp_path / "client", ignore=shutil.ignore_patterns("build", "*.egg-info")
+    )
     target = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-         "--target", str(target), str(CLIENT_DIR)],
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(source)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     assert (target / "grundlag_client" / "py.typed").exists()
@@ -90,3 +94,39 @@ def test_the_package_installs_with_pip_from_its_directory(tmp_path: Path) -> Non
         check=True, capture_output=True, text=True, timeout=60,
     ).stdout  # fmt: skip
     assert found.startswith(str(target))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_call_the_client_makes_is_one_the_api_takes(token_key: str, reviewer: Any, team: Any) -> None:
+    """Through the real API in this process (its WSGI app): request bodies are refused with 422
+    when they carry a field the API does not know, so each call passing is the agreement."""
+    import httpx
+    from django.core.wsgi import get_wsgi_application
+
+    from actions.models import Policy
+
+    Policy.objects.create(team=team, action="send_invoice", requester_may_approve=True)
+    transport = httpx.WSGITransport(app=get_wsgi_application())
+    with grundlag_client.Client("http://testserver", token_key, transport=transport) as client:
+        run = client.start_run("send_invoice", {"invoice_id": "C-1", "amount": 1}, wait=5)
+        assert run.interrupt is not None
+        assert client.get_run(run.id).status == "interrupted"
+        assert client.resume(run.interrupt.id, {"approved": True}, wait=5).status == "completed"
+        second = client.start_run("send_invoice", {"invoice_id": "C-2", "amount": 1}, wait=5)
+        assert second.interrupt is not None
+        assert client.reject(second.interrupt.id, "no", wait=5).status == "rejected"
+        third = client.start_run("send_invoice", {"invoice_id": "C-3", "amount": 1}, wait=5)
+        assert client.cancel(third.id).status == "cancelled"
+        assert len(list(client.runs(action="send_invoice", limit=2))) == 3
+        assert list(client.interrupts(status="pending")) == []
+        approval = client.create_approval(
+            "Ship it?",
+            {"version": "2"},
+            answer_schema={"type": "object", "properties": {"when": {"type": "string"}}},
+            deadline_seconds=900,
+            default_answer={"when": "now"},
+        )
+        assigned = client.create_approval("Ship it too?", approvals_required=1, assignees=["reviewer1"])
+        assert approval.status == "pending" and assigned.assignees == ["reviewer1"]
+        assert client.get_approval(approval.id).decided_via == ""
+        assert client.cancel_approval(approval.id).status == "cancelled"

@@ -17,6 +17,7 @@ from typing import Any
 from actions import engine
 from actions.drivers.base import Answers, Driver, Pause, StepResult, call_binding
 from actions.engine.errors import MAX_ERROR_CHARS, InvalidInput
+from actions.engine.policies import effective_policy
 from actions.engine.schemas import check_answer_schema, field_error, schema_errors
 from actions.models import Run, Team
 
@@ -25,6 +26,8 @@ APPROVAL_ACTION = "approval"
 MAX_MESSAGE_CHARS = MAX_ERROR_CHARS
 MAX_DEADLINE = timedelta(days=30)
 MAX_APPROVALS = 10
+# A default answer approves when the deadline passes: the team gets this long to object.
+MIN_DEFAULT_SECONDS = 600
 
 
 def request_approval(
@@ -53,6 +56,12 @@ def request_approval(
                 "default_answer applies when the deadline passes: give deadline_seconds too",
                 [field_error("default_answer", "needs deadline_seconds")],
             )
+        if deadline_seconds < MIN_DEFAULT_SECONDS:
+            raise InvalidInput(
+                f"a default answer approves without a person: give the team at least {MIN_DEFAULT_SECONDS}"
+                " seconds to object (deadline_seconds)",
+                [field_error("deadline_seconds", f"at least {MIN_DEFAULT_SECONDS} with a default_answer")],
+            )
         if answer_schema is not None and (errors := schema_errors(answer_schema, default_answer)):
             raise InvalidInput(
                 "default_answer does not fit answer_schema",
@@ -66,6 +75,7 @@ def request_approval(
                 f"assignees must be members of {team}: {', '.join(missing)} is not",
                 [field_error("assignees", f"not in the team: {', '.join(missing)}")],
             )
+    check_against_team(team, names, approvals_required, default_answer)
     policy: dict[str, Any] = {}
     if deadline_seconds is not None:
         policy["deadline_seconds"] = deadline_seconds
@@ -83,6 +93,44 @@ def request_approval(
         Run.Consumer.APPROVAL,
         driver_state=state,
     )
+
+
+def check_against_team(
+    team: Team, assignees: list[str], approvals_required: int | None, default_answer: Any
+) -> None:
+    """What a request asks of its policy adds to the team's (admin: Policies, for the action
+    ``approval``), never takes from it: assignees among the team's own, if it names any; a
+    default answer only where the team lets one approval, by anyone, settle it, and says no
+    default of its own; no more approvals than there are people to give them."""
+    team_policy = effective_policy(team.pk, APPROVAL_ACTION)
+    if team_policy.assignees and not set(assignees) <= set(team_policy.assignees):
+        allowed = ", ".join(team_policy.assignees)
+        raise InvalidInput(
+            f"the team's policy lets only {allowed} decide approvals: assignees must be among them",
+            [field_error("assignees", f"not among {allowed}")],
+        )
+    if default_answer is not None:
+        why = ""
+        if team_policy.deadline is not None:
+            why = "the team's policy says what happens at the deadline"
+        elif team_policy.approvals > 1 or team_policy.assignees or assignees:
+            why = "the team's policy (or this request) gives it to named or several people"
+        elif (approvals_required or 1) > 1:
+            why = "it needs several people's approval"
+        elif not team_policy.auto_approve:
+            why = "the team's policy lets no approval be given automatically"
+        if why:
+            raise InvalidInput(
+                f"default_answer cannot approve it at the deadline: {why}",
+                [field_error("default_answer", why)],
+            )
+    needed = max(team_policy.approvals, approvals_required or 1)
+    people = assignees or list(team_policy.assignees)
+    if people and needed > len(people):
+        raise InvalidInput(
+            f"{needed} approvals are needed and only {len(people)} people may give them",
+            [field_error("approvals_required", f"more than the {len(people)} assignees")],
+        )
 
 
 def policy_of(state: dict[str, Any]) -> dict[str, Any]:
@@ -115,7 +163,9 @@ class ApprovalDriver(Driver):
             None,
             action=APPROVAL_ACTION,
             binding=binding,
-            arguments=state.get("data"),
+            # What rules read as ``input`` and a standing grant is scoped to: the whole question
+            # (a grant given for one question approves no other with the same data).
+            arguments={key: state.get(key) for key in ("message", "data", "answer_schema")},
             answer_schema=state.get("answer_schema"),
             policy=policy_of(state),
         )

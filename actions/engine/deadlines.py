@@ -116,6 +116,9 @@ def apply_policies(now: datetime | None = None) -> int:
             pass  # a reviewer was first
         except Busy:
             logger.warning("deadline of interrupt %s met conflicts; the next round retries it", interrupt.pk)
+        except Exception:
+            # One interrupt's failure must not stop every team's deadlines behind it.
+            logger.exception("deadline of interrupt %s failed; the next round tries it again", interrupt.pk)
     due = Interrupt.objects.filter(
         status=Interrupt.Status.PENDING, escalate_at__lte=now, escalated_at=None, escalate_to__isnull=False
     ).select_related("escalate_to")

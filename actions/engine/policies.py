@@ -47,11 +47,15 @@ def with_override(action_name: str, override: Policy | None) -> ApprovalPolicy:
 
 def as_requested(policy: ApprovalPolicy, requested: dict[str, Any]) -> ApprovalPolicy:
     """The policy with what a pause asks of it (``Pause.policy``: ApprovalPolicy's fields by
-    name) applied. It may ask for more approvals than the team's policy, never fewer."""
+    name) added: more approvals than the policy's, never fewer; a deadline sooner than its own,
+    never later. (What a pause may ask at all is checked where it is asked: the approval
+    driver refuses a default answer or assignees the team's policy does not allow.)"""
     if not requested:
         return policy
     if "approvals" in requested:
         requested = {**requested, "approvals": max(policy.approvals, requested["approvals"])}
+    if policy.deadline is not None and requested.get("deadline") is not None:
+        requested = {**requested, "deadline": min(policy.deadline, requested["deadline"])}
     return dataclasses.replace(policy, **requested)
 
 

@@ -51,10 +51,12 @@ from actions.core import (
     RouteTo,
     RuleOutcome,
     compile_condition,
+    describe_errors,
     registry,
 )
 from actions.drivers.base import arguments_hash
 from actions.engine.errors import AlreadyDecided, InvalidInput, retry_on_conflict
+from actions.engine.schemas import schema_errors
 from actions.models import Delegation, Grant, Interrupt, Run, RunEvent, Team, TeamRule
 
 logger = logging.getLogger(__name__)
@@ -294,8 +296,11 @@ def _apply(run: Run, routed: Routed, rule: Compiled, action_name: str, policy: A
             return
         answer = then.answer if then.answer is not None else _plain_answer(action_name)
         try:
-            act = registry.find(action_name)
-            answer = act.validate_answer(answer) if act is not None else answer
+            if (schema := fields.get("answer_schema")) is not None:  # the pause's own
+                if errors := schema_errors(schema, answer):
+                    raise ValueError(describe_errors(errors, "answer"))
+            elif (act := registry.find(action_name)) is not None:
+                answer = act.validate_answer(answer)
         except Exception as exc:  # noqa: BLE001 - a pydantic error: the answer does not fit
             routed.note["rule_failed"] = {"rule": rule.name, "error": f"its answer does not fit: {exc}"[:500]}
             return
@@ -425,6 +430,9 @@ def grant_for(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPo
             except Exception:  # noqa: BLE001, S112 - a condition that fails does not cover it
                 continue
         else:
+            continue
+        # An answer that does not fit the pause's own schema approves nothing (it is people's).
+        if interrupt.answer_schema is not None and schema_errors(interrupt.answer_schema, grant.answer):
             continue
         # The giver as they are now (deactivated, or out of the team: the grant is void)...
         if grant.granted_by_id is None:

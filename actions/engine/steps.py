@@ -409,9 +409,12 @@ def _record(run: Run, result: StepResult, driver_state: dict[str, Any] | store.K
                 override, version, slug = store.team_policy(run.team_id, action_name)
                 policy = as_requested(with_override(action_name, override), pause.policy)
                 # The team's rules, the action's, and delegations: before anyone sees it.
+                # The pause's own answer schema goes with its fields: a rule's answer must fit it.
+                fields = policy_fields(run.team_id, action_name, now, policy) | {
+                    "answer_schema": pause.answer_schema
+                }
                 routed = rules.route(
-                    run, action_name, pause.data, pause.arguments,
-                    policy_fields(run.team_id, action_name, now, policy), policy,
+                    run, action_name, pause.data, pause.arguments, fields, policy,
                     rules.team_set(run.team_id, (version, slug)),
                 )  # fmt: skip
                 interrupt = Interrupt(
@@ -423,7 +426,6 @@ def _record(run: Run, result: StepResult, driver_state: dict[str, Any] | store.K
                     tool_call_id=pause.tool_call_id,
                     binding=pause.binding or call_binding(action_name),
                     arguments=pause.arguments,
-                    answer_schema=pause.answer_schema,
                     **{"team_id": run.team_id, **routed.fields},
                 )
                 store.insert(interrupt, store.next_seq(run.pk))

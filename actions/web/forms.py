@@ -9,10 +9,12 @@ from collections.abc import Callable
 from typing import Any
 
 from django import forms
+from django.utils.html import escape
 
 from actions.engine.rules import GRANT_LASTING
 
 MAX_TEXT_INPUT = 200
+_BOOLEAN_CHOICE = {True: "true", False: "false"}
 
 
 def _resolve(prop: dict[str, Any], schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -34,14 +36,22 @@ def _field(prop: dict[str, Any], required: bool) -> forms.Field:
     common: dict[str, Any] = {
         "required": required,
         "label": prop.get("title"),
-        "help_text": prop.get("description", ""),
+        # Django renders help text as it is (|safe): a schema may come from outside (an
+        # approval asked through the API), so it is escaped here, as every other text is.
+        "help_text": escape(prop.get("description", "")),
     }
     if "default" in prop:
         common["initial"] = prop["default"]
     kind = prop.get("type")
     if "enum" in prop:
-        choices = [(value, str(value)) for value in prop["enum"]]
-        coerce: Callable[[Any], Any] = type(prop["enum"][0])
+        values = prop["enum"]
+        if all(isinstance(value, bool) for value in values):  # bool("False") is True: by name
+            if "default" in prop:
+                common["initial"] = _BOOLEAN_CHOICE[bool(prop["default"])]
+            choices = [(_BOOLEAN_CHOICE[value], str(value)) for value in values]
+            return forms.TypedChoiceField(choices=choices, coerce=lambda text: text == "true", **common)
+        choices = [(value, str(value)) for value in values]
+        coerce: Callable[[Any], Any] = type(values[0])
         return forms.TypedChoiceField(choices=choices, coerce=coerce, **common)
     if kind == "boolean":
         return forms.BooleanField(**{**common, "required": False})

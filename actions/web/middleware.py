@@ -116,10 +116,23 @@ class IdempotencyMiddleware:
             return replayed(first, digest)
         with idempotency.requested(idempotency.Claim(token.pk, key, digest)) as claim:
             response = self.get_response(request)
-        if claim.row_id is not None and response.status_code < 500 and not response.streaming:
-            idempotency.answered(
-                claim, response.status_code, response.content, response.get("Content-Type", "")
-            )
+        if claim.row_id is None:
+            if response.status_code >= 400:
+                # Refused, perhaps because a request with the same key made the change meanwhile
+                # (a decision retried while the first was being made: "already decided"): its
+                # answer, or that it is being answered, is this one's too.
+                first = IdempotencyKey.objects.filter(token=token, key=key).first()
+                if first is not None:
+                    return replayed(first, digest)
+            return response
+        if response.status_code < 500 and not response.streaming:
+            try:
+                idempotency.answered(
+                    claim, response.status_code, response.content, response.get("Content-Type", "")
+                )
+            except Exception:
+                # The change is made and answered; a retry is told it was made (not made again).
+                logger.exception("could not keep the answer to Idempotency-Key %r", key)
         return response
 
 
@@ -144,7 +157,11 @@ def replayed(first: Any, digest: str) -> HttpResponse:
         )
         response["Idempotent-Replayed"] = "true"
         return response
-    in_flight = timedelta(seconds=settings.GRUNDLAG_MAX_WAIT_SECONDS + IN_FLIGHT_MARGIN_SECONDS)
+    # A request may be held by its wait, or, with inline steps, by the step it runs.
+    longest = settings.GRUNDLAG_MAX_WAIT_SECONDS + (
+        settings.GRUNDLAG_MAX_STEP_SECONDS if settings.GRUNDLAG_INLINE_STEPS else 0
+    )
+    in_flight = timedelta(seconds=longest + IN_FLIGHT_MARGIN_SECONDS)
     if first.created_at > timezone.now() - in_flight:
         response = JsonResponse({"detail": idempotency.IN_USE}, status=409)
         response["Retry-After"] = "1"

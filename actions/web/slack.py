@@ -8,6 +8,7 @@ duties, exactly once. Whoever is not mapped or not allowed is told so, privately
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 from typing import Any
@@ -188,7 +189,7 @@ def modal(interrupt: Interrupt, form: forms.Form, approving: bool) -> dict[str, 
                 "label": {"type": "plain_text", "text": str(bound.label or bound.name)[:2000]},
                 "element": {**element, "action_id": "value"},
                 **(
-                    {"hint": {"type": "plain_text", "text": str(field.help_text)[:2000]}}
+                    {"hint": {"type": "plain_text", "text": html.unescape(str(field.help_text))[:2000]}}
                     if field.help_text
                     else {}
                 ),

@@ -13,6 +13,7 @@ Waiting is done by the server (``Prefer: wait``): one long request at a time, no
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import inspect
@@ -39,7 +40,9 @@ __all__ = [
 
 # The server holds a `Prefer: wait` request at most this long (GRUNDLAG_MAX_WAIT_SECONDS).
 MAX_WAIT_SECONDS = 30
-RETRIED_STATUSES = (409, 429, 502, 503, 504)  # 409 only when the first attempt is in flight
+RETRIED_STATUSES = (429, 502, 503, 504)
+# How long past the server's longest wait a retry waits for the first attempt's answer.
+IN_USE_MARGIN_SECONDS = 90
 
 
 # Errors
@@ -133,6 +136,7 @@ class Approval(Model):
     answer: Any
     reason: str
     decided_by: str | None
+    decided_via: str
     decided_at: str | None
     created_at: str
     expires_at: str | None
@@ -240,13 +244,7 @@ class Client:
     ) -> Run:
         """Start a run; ``wait`` seconds (at most 30) for it to settle (paused or finished)."""
         body = {"action": action, "input": input or {}}
-        try:
-            return Run.from_json(self._post("/api/runs", body, wait=wait, key=idempotency_key))
-        except ApiError as exc:
-            # The first attempt started the run, and its answer was lost with its server.
-            if exc.status == 409 and isinstance(exc.body.get("run_id"), int):
-                return self.get_run(exc.body["run_id"])
-            raise
+        return Run.from_json(self._post("/api/runs", body, wait=wait, key=idempotency_key))
 
     def get_run(self, run_id: int, *, wait: float = 0) -> Run:
         """The run; ``wait`` seconds (at most 30) for it to settle while it is queued or running."""
@@ -323,14 +321,18 @@ class Client:
         body.update({name: value for name, value in optional.items() if value is not None})
         if assignees:
             body["assignees"] = assignees
-        return Approval.from_json(self._post("/api/approvals", body, wait=wait, key=idempotency_key))
+        then = "/api/approvals/{}"
+        return Approval.from_json(
+            self._post("/api/approvals", body, wait=wait, key=idempotency_key, then=then)
+        )
 
     def get_approval(self, approval_id: int, *, wait: float = 0) -> Approval:
         """The approval; ``wait`` seconds (at most 30) for a decision while it is pending."""
         return Approval.from_json(self._request("GET", f"/api/approvals/{approval_id}", wait=wait))
 
     def cancel_approval(self, approval_id: int, *, idempotency_key: str = "") -> Approval:
-        return Approval.from_json(self._post(f"/api/approvals/{approval_id}/cancel", {}, key=idempotency_key))
+        path, then = f"/api/approvals/{approval_id}/cancel", "/api/approvals/{}"
+        return Approval.from_json(self._post(path, {}, key=idempotency_key, then=then))
 
     def wait_for_approval(self, approval_id: int, *, timeout: float | None = None) -> Approval:
         """Hold until the approval is decided (each request held by the server up to 30 s);
@@ -375,9 +377,18 @@ class Client:
 
     # HTTP
 
-    def _post(self, path: str, body: Any, *, wait: float = 0, key: str = "") -> dict[str, Any]:
-        # One key for every attempt of this call: the server makes its change once.
-        return self._request("POST", path, json=body, wait=wait, key=key or str(uuid.uuid4()))
+    def _post(
+        self, path: str, body: Any, *, wait: float = 0, key: str = "", then: str = "/api/runs/{}"
+    ) -> dict[str, Any]:
+        """POST with an idempotency key: one for every attempt of this call, so the server makes
+        its change once. Should the first attempt's change be made and its answer lost with its
+        server (409 with the run), the run is read at ``then``: the change is not made again."""
+        try:
+            return self._request("POST", path, json=body, wait=wait, key=key or str(uuid.uuid4()))
+        except ApiError as exc:
+            if exc.status == 409 and isinstance(exc.body.get("run_id"), int):
+                return self._request("GET", then.format(exc.body["run_id"]))
+            raise
 
     def _request(
         self, method: str, path: str, *, json: Any = None, wait: float = 0, key: str = "", params: Any = None
@@ -387,21 +398,27 @@ class Client:
             headers["Idempotency-Key"] = key
         if wait > 0:
             headers["Prefer"] = f"wait={max(1, min(int(wait), MAX_WAIT_SECONDS))}"
-        delay = self._retry.backoff
-        for attempt in range(1, self._retry.attempts + 1):
-            last = attempt == self._retry.attempts
+        delay, attempt = self._retry.backoff, 0
+        # While the first attempt is being answered (held by its wait), its retries are told so.
+        patience = time.monotonic() + MAX_WAIT_SECONDS + IN_USE_MARGIN_SECONDS
+        while True:
+            attempt += 1
             try:
                 response = self._http.request(method, path, json=json, headers=headers, params=params)
             except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError):
-                if last or (method == "POST" and not key):
+                if attempt >= self._retry.attempts or (method == "POST" and not key):
                     raise
             else:
-                if response.status_code not in RETRIED_STATUSES or last or not _retriable(response):
+                if _in_use(response):
+                    if time.monotonic() >= patience:
+                        return _body(response)
+                    self._retry.sleep(max(1.0, _retry_after(response)))
+                    continue
+                if response.status_code not in RETRIED_STATUSES or attempt >= self._retry.attempts:
                     return _body(response)
                 delay = max(delay, _retry_after(response))
             self._retry.sleep(delay)
             delay = min(delay * 2, 8.0)
-        raise AssertionError("unreachable")  # the last attempt returns or raises
 
     def _pages(self, path: str, filters: dict[str, Any]) -> Iterator[dict[str, Any]]:
         params = {name: value for name, value in filters.items() if value is not None}
@@ -414,10 +431,10 @@ class Client:
                 return
 
 
-def _retriable(response: httpx.Response) -> bool:
-    """409 is retried only when the server says the first attempt is still being answered
-    (Retry-After); a decided interrupt or a finished run is final."""
-    return response.status_code != 409 or "Retry-After" in response.headers
+def _in_use(response: httpx.Response) -> bool:
+    """The server is still answering the first attempt with this key (409 with Retry-After; a
+    decided interrupt or a finished run is a 409 without one, and final)."""
+    return response.status_code == 409 and "Retry-After" in response.headers
 
 
 def _retry_after(response: httpx.Response) -> float:
@@ -472,24 +489,42 @@ def requires_approval(
         def refund(customer: str, amount: int) -> None: ...
 
     ``message`` is formatted with the call's arguments (or is a function of them); the
-    reviewers see the arguments as the approval's data (or ``data(*args, **kwargs)``). A
-    rejection raises Rejected and the function does not run; a function with an ``approval``
-    parameter is given the answer."""
+    reviewers see the arguments as the approval's data (or ``data(*args, **kwargs)``; a
+    method's ``self`` is left out). A rejection raises Rejected and the function does not run;
+    a function with an ``approval`` parameter is given the answer. An ``async def`` waits in a
+    thread, not on its event loop."""
 
     def decorate(function: Callable[P, R]) -> Callable[P, R]:
         signature = inspect.signature(function)
         wants_answer = "approval" in signature.parameters
+        # A method's own object is not the call's data.
+        skipped = {"approval", *(name for name in ("self", "cls") if name in signature.parameters)}
 
-        @functools.wraps(function)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        def ask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             bound = signature.bind_partial(*args, **kwargs)
             bound.apply_defaults()
-            arguments = {name: value for name, value in bound.arguments.items() if name != "approval"}
+            arguments = {name: value for name, value in bound.arguments.items() if name not in skipped}
             text = message(*args, **kwargs) if callable(message) else message.format(**arguments)
             shown = data(*args, **kwargs) if data is not None else arguments
             api = client() if callable(client) and not isinstance(client, Client) else client
             assert isinstance(api, Client)
-            answer = api.request_approval(text, shown, answer_schema=answer_schema, timeout=timeout, **policy)
+            return api.request_approval(text, shown, answer_schema=answer_schema, timeout=timeout, **policy)
+
+        if inspect.iscoroutinefunction(function):
+
+            @functools.wraps(function)
+            async def waits(*args: P.args, **kwargs: P.kwargs) -> Any:
+                # The wait is a blocking client's: in a thread, not on the event loop.
+                answer = await asyncio.to_thread(ask, args, kwargs)
+                if wants_answer:
+                    kwargs["approval"] = answer
+                return await function(*args, **kwargs)
+
+            return waits  # type: ignore[return-value]
+
+        @functools.wraps(function)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            answer = ask(args, kwargs)
             if wants_answer:
                 kwargs["approval"] = answer
             return function(*args, **kwargs)
