@@ -17,7 +17,7 @@ from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
-from ninja import NinjaAPI, Schema, Status
+from ninja import NinjaAPI, Query, Schema, Status
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
 from pydantic import ConfigDict, Field
@@ -126,13 +126,18 @@ class InterruptOut(Schema):
     reject_url: str
 
 
-class RunOut(Schema):
+class RunFields(Schema):
+    """What every description of a run says (run_fields)."""
+
     id: int
     action: str
     consumer: str
     status: str
     output: Any
     error: str
+
+
+class RunOut(RunFields):
     interrupt: InterruptOut | None
 
 
@@ -516,13 +521,7 @@ def cancel_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
 Limit = Annotated[int, Field(ge=1, le=500)]
 
 
-class RunListItem(Schema):
-    id: int
-    action: str
-    consumer: str
-    status: str
-    output: Any
-    error: str
+class RunListItem(RunFields):
     started_by: str
     created_at: datetime
     finished_at: datetime | None
@@ -538,84 +537,70 @@ class InterruptPage(Schema):
     next: str = Field(description="Pass as `after` for the next page; empty on the last")
 
 
-def paged(
-    rows: Any, after: str, limit: int, since: datetime | None, until: datetime | None
-) -> tuple[list[Any], str]:
-    """One page of ``rows`` (newest first) created in [since, until), after the cursor."""
+class ListQuery(Schema):
+    action: str = ""
+    consumer: Run.Consumer | None = None
+    since: datetime | None = Field(None, description="Created at or after (ISO 8601)")
+    until: datetime | None = Field(None, description="Created before (ISO 8601)")
+    after: str = Field("", description="The `next` of the page before")
+    limit: Limit = 100
+
+
+def paged(rows: Any, query: ListQuery, consumer: str) -> dict[str, Any]:
+    """One page of ``rows`` (newest first) as ``query`` filters it (``consumer``: the field that
+    holds the run's consumer)."""
     from actions.web import history
 
-    if after and history.parse_cursor(after) is None:
+    if query.after and history.parse_cursor(query.after) is None:
         raise HttpError(422, "after: not a cursor this API gave (pass the `next` of the page before)")
-    if since is not None:
-        rows = rows.filter(created_at__gte=since)
-    if until is not None:
-        rows = rows.filter(created_at__lt=until)
-    return history.page(rows, after, limit)
+    if query.action:
+        rows = rows.filter(action=query.action)
+    if query.consumer:
+        rows = rows.filter(**{consumer: query.consumer})
+    if query.since is not None:
+        rows = rows.filter(created_at__gte=query.since)
+    if query.until is not None:
+        rows = rows.filter(created_at__lt=query.until)
+    found, next_cursor = history.page(rows, query.after, query.limit)
+    return {"items": found, "next": next_cursor}
 
 
 @api.get("/runs", response={200: RunPage, 422: Error}, tags=["runs"])
 def list_runs(
-    request: HttpRequest,
-    status: Run.Status | None = None,
-    action: str = "",
-    consumer: Run.Consumer | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    after: str = "",
-    limit: Limit = 100,
+    request: HttpRequest, query: Query[ListQuery], status: Run.Status | None = None
 ) -> dict[str, Any]:
     """The team's runs, newest first, filtered by `status`, `action`, `consumer` and when they
     were created (`since` inclusive, `until` exclusive, ISO 8601); `limit` a page (100 by
     default, at most 500), the next after `after` (the page's `next`)."""
     runs = Run.objects.filter(team=token_of(request).team_id).defer("input", "driver_state")
-    if status:
-        runs = runs.filter(status=status)
-    if action:
-        runs = runs.filter(action=action)
-    if consumer:
-        runs = runs.filter(consumer=consumer)
-    rows, next_cursor = paged(runs, after, limit, since, until)
-    items = [
+    page = paged(runs.filter(status=status) if status else runs, query, "consumer")
+    page["items"] = [
         {**run_fields(run), "started_by": run.started_by_name, "created_at": run.created_at,
          "finished_at": run.finished_at}
-        for run in rows
+        for run in page["items"]
     ]  # fmt: skip
-    return {"items": items, "next": next_cursor}
+    return page
 
 
 @api.get("/interrupts", response={200: InterruptPage, 422: Error}, tags=["interrupts"])
 def list_interrupts(
-    request: HttpRequest,
-    status: Interrupt.Status | None = None,
-    action: str = "",
-    consumer: Run.Consumer | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    after: str = "",
-    limit: Limit = 100,
+    request: HttpRequest, query: Query[ListQuery], status: Interrupt.Status | None = None
 ) -> dict[str, Any]:
     """The team's interrupts (and those escalated to it), newest first, filtered by `status`
     (`?status=pending`: the open questions), `action`, the run's `consumer` and when they were
     created (`since` inclusive, `until` exclusive); paged like `GET /api/runs`."""
-    token = token_of(request)
     interrupts = (
-        Interrupt.objects.filter(Interrupt.visible_to([token.team_id]))
+        Interrupt.objects.filter(Interrupt.visible_to([token_of(request).team_id]))
         .only(*INTERRUPT_LIST_FIELDS, "decided_by_name")
         .order_by("-created_at", "-id")
     )
-    if status:
-        interrupts = interrupts.filter(status=status)
-    if action:
-        interrupts = interrupts.filter(action=action)
-    if consumer:
-        interrupts = interrupts.filter(run__consumer=consumer)
-    rows, next_cursor = paged(interrupts, after, limit, since, until)
-    items = [
+    page = paged(interrupts.filter(status=status) if status else interrupts, query, "run__consumer")
+    page["items"] = [
         {name: getattr(it, name) for name in INTERRUPT_LIST_FIELDS}
         | {"decided_by": it.decided_by_name or None}
-        for it in rows
+        for it in page["items"]
     ]
-    return {"items": items, "next": next_cursor}
+    return page
 
 
 # What a listed interrupt says (InterruptListItem): read alone, never its checkpoint.

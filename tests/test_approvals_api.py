@@ -476,6 +476,26 @@ def post(api: Api, path: str, body: Any, key: str, wait: int | None = None) -> A
     return api.client.post(f"/api{path}", json.dumps(body), content_type="application/json", headers=headers)
 
 
+def at_once(send: Any, times: int = 2) -> list[Any]:
+    """What ``send()`` answers, called from ``times`` threads at the same moment."""
+    barrier = threading.Barrier(times)
+    answers: list[Any] = []
+
+    def sender() -> None:
+        try:
+            barrier.wait()
+            answers.append(send())
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=sender) for _ in range(times)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return answers
+
+
 def test_a_retry_with_the_same_key_replays_the_first_answer(api: Api) -> None:
     body = {"action": "send_invoice", "input": {"invoice_id": "A-1", "amount": 10}}
     first = post(api, "/runs", body, "k-1")
@@ -521,21 +541,9 @@ def test_a_decision_retried_while_the_first_is_made_gets_its_answer_not_already_
 ) -> None:
     run = api.post("/runs", {"action": "send_invoice", "input": {"invoice_id": "A", "amount": 1}}).json()
     path = f"/interrupts/{run['interrupt']['id']}/resume"
-    barrier = threading.Barrier(2)
-    answers: list[Any] = []
-
-    def send() -> None:
-        try:
-            barrier.wait()
-            answers.append(post(Api(Client(), token_key), path, {"data": {"approved": True}}, "decide-race"))
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=send) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    answers = at_once(
+        lambda: post(Api(Client(), token_key), path, {"data": {"approved": True}}, "decide-race")
+    )
     for answer in answers:
         if answer.status_code == 409:  # the first was still being answered: retry, and get it
             assert answer["Retry-After"] == "1", answer.json()
@@ -558,21 +566,7 @@ def test_a_request_that_changed_nothing_keeps_no_key(api: Api) -> None:
 
 
 def test_two_requests_with_one_key_at_once_make_one_change(api: Api, token_key: str) -> None:
-    barrier = threading.Barrier(2)
-    answers: list[Any] = []
-
-    def send() -> None:
-        try:
-            barrier.wait()
-            answers.append(post(Api(Client(), token_key), "/approvals", {"message": "once?"}, "race"))
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=send) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    answers = at_once(lambda: post(Api(Client(), token_key), "/approvals", {"message": "once?"}, "race"))
     assert Run.objects.count() == 1
     codes = sorted(answer.status_code for answer in answers)
     assert codes[0] == 202 and codes[1] in (202, 409)

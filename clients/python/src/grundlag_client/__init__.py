@@ -105,14 +105,18 @@ class Interrupt(Model):
 
 
 @dataclass(frozen=True)
-class Run(Model):
-    SCHEMA = "RunOut"
+class _RunFields(Model):
     id: int
     action: str
     consumer: str
     status: str
     output: Any
     error: str
+
+
+@dataclass(frozen=True)
+class Run(_RunFields):
+    SCHEMA = "RunOut"
     interrupt: Interrupt | None = None
 
     @classmethod
@@ -151,14 +155,8 @@ class Approval(Model):
 
 
 @dataclass(frozen=True)
-class RunSummary(Model):
+class RunSummary(_RunFields):
     SCHEMA = "RunListItem"
-    id: int
-    action: str
-    consumer: str
-    status: str
-    output: Any
-    error: str
     started_by: str
     created_at: str
     finished_at: str | None
@@ -253,13 +251,7 @@ class Client:
     def wait(self, run_id: int, *, timeout: float | None = None) -> Run:
         """Wait for the run to settle: paused on an interrupt (answer it), or finished. Raises
         TimedOut after ``timeout`` seconds (None: forever)."""
-        deadline = _deadline(timeout)
-        while True:
-            run = self.get_run(run_id, wait=_left(deadline))
-            if run.settled:
-                return run
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimedOut(run_id)
+        return _hold(lambda wait: self.get_run(run_id, wait=wait), lambda run: run.settled, run_id, timeout)
 
     def resume(
         self,
@@ -337,13 +329,8 @@ class Client:
     def wait_for_approval(self, approval_id: int, *, timeout: float | None = None) -> Approval:
         """Hold until the approval is decided (each request held by the server up to 30 s);
         raises TimedOut after ``timeout`` seconds (None: forever)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            approval = self.get_approval(approval_id, wait=_left(deadline))
-            if approval.decided:
-                return approval
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimedOut(approval_id)
+        read = lambda wait: self.get_approval(approval_id, wait=wait)  # noqa: E731
+        return _hold(read, lambda approval: approval.decided, approval_id, timeout)
 
     def request_approval(
         self,
@@ -455,6 +442,21 @@ def _body(response: httpx.Response) -> dict[str, Any]:
         raise ApiError(response.status_code, body.get("detail"), body)
     assert isinstance(body, dict)
     return body
+
+
+M = TypeVar("M")
+
+
+def _hold(read: Callable[[float], M], done: Callable[[M], bool], what: int, timeout: float | None) -> M:
+    """Read until ``done``, each read held by the server (``Prefer: wait``) up to its limit;
+    TimedOut after ``timeout`` seconds (None: never)."""
+    deadline = _deadline(timeout)
+    while True:
+        found = read(_left(deadline))
+        if done(found):
+            return found
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimedOut(what)
 
 
 def _deadline(timeout: float | None) -> float | None:
