@@ -278,7 +278,7 @@ def test_a_2026_client_with_the_tasks_extension_gets_the_answer_through_the_task
             assert isinstance(created, CreatedTask) and created.status == "working"
 
             async def reviewer() -> None:
-                (run,) = [r for r in await asyncio.to_thread(runs, web, site) if r["status"] == "interrupted"]
+                (run,) = await asyncio.to_thread(runs, web, site)  # pending_interrupt waits for its pause
                 interrupt_id = await asyncio.to_thread(pending_interrupt, web, site, run["id"])
                 await asyncio.to_thread(decide, web, interrupt_id, approve=True)
 
