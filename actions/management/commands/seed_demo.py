@@ -9,6 +9,7 @@ from django.db import transaction
 
 from actions import engine
 from actions.drivers.agent import start_agent
+from actions.drivers.approval import request_approval
 from actions.models import ApiToken, Policy, Run, Team, TeamRule
 
 DEMO_RUNS = [
@@ -62,6 +63,20 @@ DEMO_AGENT_MODEL = {
 }
 
 
+DEMO_APPROVAL: dict[str, Any] = {
+    "message": "Deploy billing 2.3 to production?",
+    "data": {"service": "billing", "version": "2.3", "changes": 14, "migrations": ["0042_invoice_terms"]},
+    "answer_schema": {
+        "type": "object",
+        "properties": {
+            "window": {"type": "string", "enum": ["tonight", "weekend"], "title": "Deploy window"},
+            "notify_support": {"type": "boolean", "title": "Tell support first"},
+        },
+        "required": ["window"],
+    },
+}
+
+
 class Command(BaseCommand):
     help = "Create the demo team, its users and an API token, and start a few runs. Idempotent."
 
@@ -100,7 +115,7 @@ class Command(BaseCommand):
             ApiToken.objects.filter(team=team, name="demo", revoked_at=None).update(
                 revoked_at=team.created_at
             )
-            _, key = ApiToken.issue(team, "demo")
+            token, key = ApiToken.issue(team, "demo")
 
         started = 0
         if not options["no_runs"] and not Run.objects.filter(team=team).exists():
@@ -114,7 +129,9 @@ class Command(BaseCommand):
                 team,
                 people["reviewer2"],
             )
-            started += 1
+            # As a service outside would ask (POST /api/approvals), with the demo token.
+            request_approval(team, token, **DEMO_APPROVAL)
+            started += 2
 
         for username in people:
             self.stdout.write(

@@ -36,9 +36,9 @@ def test_reviewers_see_a_new_approval_live_and_one_decision_clears_it_everywhere
     reviewer2 = log_in(browser, server.url, "reviewer2")
     payroll = log_in(browser, server.url, "payroll1")
     dialogs = [collect_dialogs(page) for page in (reviewer1, reviewer2, payroll)]
-    # The demo runs `make run` seeds (five actions and an agent) are paused and waiting.
-    expect(reviewer1.locator("#inbox tbody tr")).to_have_count(6)
-    expect(reviewer2).to_have_title("(6) Inbox · Grundlag approvals")
+    # The demo runs `make run` seeds (five actions, an agent and a service's approval) wait.
+    expect(reviewer1.locator("#inbox tbody tr")).to_have_count(7)
+    expect(reviewer2).to_have_title("(7) Inbox · Grundlag approvals")
     # The demo's deadline policy (timeuntil separates with no-break spaces).
     expect(reviewer1.locator("#inbox")).to_contain_text(re.compile(r"expires in 7\shours"))
     reviewer1.screenshot(path=str(screenshot_dir(tmp_path) / "inbox.png"))
@@ -53,7 +53,7 @@ def test_reviewers_see_a_new_approval_live_and_one_decision_clears_it_everywhere
     phone.fill("#id_username", "reviewer2")
     phone.fill("#id_password", "reviewer2-demo")
     phone.click("button[type=submit]")
-    expect(phone.locator("#inbox tbody tr")).to_have_count(6)
+    expect(phone.locator("#inbox tbody tr")).to_have_count(7)
     phone.screenshot(path=str(screenshot_dir(tmp_path) / "phone.png"))
     phone.context.close()
 
@@ -69,7 +69,7 @@ def test_reviewers_see_a_new_approval_live_and_one_decision_clears_it_everywhere
     # It appears for both reviewers of the team without a reload...
     expect(reviewer1.locator(row)).to_be_visible()
     expect(reviewer2.locator(row)).to_be_visible()
-    expect(reviewer2).to_have_title("(7) Inbox · Grundlag approvals")
+    expect(reviewer2).to_have_title("(8) Inbox · Grundlag approvals")
     # ...and reviewer2 also has it open, about to decide.
     reviewer2_detail = reviewer2.context.new_page()
     reviewer2_detail.goto(f"/interrupts/{interrupt_id}/")
@@ -94,7 +94,7 @@ def test_reviewers_see_a_new_approval_live_and_one_decision_clears_it_everywhere
 
     # Gone from reviewer2's inbox, and the open page says who decided instead of offering a form.
     expect(reviewer2.locator(row)).to_have_count(0)
-    expect(reviewer2).to_have_title("(6) Inbox · Grundlag approvals")
+    expect(reviewer2).to_have_title("(7) Inbox · Grundlag approvals")
     expect(reviewer2_detail.locator(f"#decision-{interrupt_id}")).to_contain_text(
         "Already approved by reviewer1"
     )
@@ -184,7 +184,7 @@ def test_pushed_rows_are_applied_in_place_by_filter_and_a_missed_frame_is_refetc
     filtered = log_in(browser, server.url, "reviewer1")
     filtered.goto("/?action=transfer_funds")
     wait_live(filtered)
-    pending = 203 + 6  # and the demo's six
+    pending = 203 + 7  # and the demo's seven
     expect(everything.locator("#inbox-count")).to_have_text(str(pending))
     expect(everything.locator("#inbox tbody tr")).to_have_count(200)
     expect(everything.locator("#inbox-shown")).to_contain_text("the newest 200 shown")
