@@ -839,8 +839,11 @@ def approval_status(run: Run, it: Interrupt | None) -> str:
 def approval_out(request: HttpRequest, run: Run) -> dict[str, Any]:
     it = run.interrupts.defer("state").order_by("seq").first()
     asked = run.driver_state
-    # Until its pause is recorded (a worker's step), what the policy will be, as it will be.
-    policy = as_requested(engine.effective_policy(run.team_id, APPROVAL_ACTION), policy_of(asked))
+    if it is None:  # its pause not recorded yet (a worker's step): its policy, as it will be
+        policy = as_requested(engine.effective_policy(run.team_id, APPROVAL_ACTION), policy_of(asked))
+        approvals_required, assignees = policy.approvals, list(policy.assignees)
+    else:
+        approvals_required, assignees = it.approvals_required, it.assignees
     return {
         "id": run.pk,
         "status": approval_status(run, it),
@@ -854,8 +857,8 @@ def approval_out(request: HttpRequest, run: Run) -> dict[str, Any]:
         "decided_at": it.decided_at if it is not None else None,
         "created_at": run.created_at,
         "expires_at": it.expires_at if it is not None else None,
-        "approvals_required": it.approvals_required if it is not None else policy.approvals,
-        "assignees": it.assignees if it is not None else list(policy.assignees),
+        "approvals_required": approvals_required,
+        "assignees": assignees,
         "answer_schema": asked.get("answer_schema"),
         "url": request.build_absolute_uri(run.get_absolute_url()),
     }

@@ -522,10 +522,7 @@ class Endpoint:
         if not validate_host(host, settings.ALLOWED_HOSTS):
             await _respond(send, 400, {"error": "bad_request", "error_description": "Host not allowed"}, [])
             return
-        scheme, _, secret = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-        token = None
-        if scheme.lower() == "bearer" and secret.strip():
-            token = await _db(ApiToken.authenticate)(secret.strip())
+        token = await _db(ApiToken.from_authorization)(headers.get(b"authorization", b"").decode("latin-1"))
         if token is None:
             body = {"error": "invalid_token", "error_description": "An API token is required (Bearer)"}
             await _respond(send, 401, body, [(b"www-authenticate", b'Bearer error="invalid_token"')])

@@ -115,6 +115,13 @@ class ApiToken(models.Model):
                 token.last_used_at = now
         return token
 
+    @classmethod
+    def from_authorization(cls, header: str) -> ApiToken | None:
+        """The token an ``Authorization: Bearer <key>`` header names, if it is one in force
+        (for what authenticates outside ninja: the idempotency middleware, the MCP endpoint)."""
+        scheme, _, key = header.partition(" ")
+        return cls.authenticate(key.strip()) if scheme.lower() == "bearer" and key.strip() else None
+
     def revoke(self) -> None:
         ApiToken.objects.filter(pk=self.pk, revoked_at=None).update(revoked_at=timezone.now())
         self.refresh_from_db(fields=["revoked_at"])

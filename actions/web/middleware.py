@@ -106,24 +106,24 @@ class IdempotencyMiddleware:
         from actions.engine import idempotency
         from actions.models import ApiToken, IdempotencyKey
 
-        scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
-        token = ApiToken.authenticate(secret.strip()) if scheme.lower() == "bearer" and secret else None
+        token = ApiToken.from_authorization(request.headers.get("Authorization", ""))
         if token is None:
             return self.get_response(request)  # refused by the API's own authentication
         digest = idempotency.request_hash(request.method, request.get_full_path(), request.body)
-        first = IdempotencyKey.objects.filter(token=token, key=key).first()
-        if first is not None:
+
+        def first_use() -> IdempotencyKey | None:
+            return IdempotencyKey.objects.filter(token=token, key=key).first()
+
+        if (first := first_use()) is not None:
             return replayed(first, digest)
         with idempotency.requested(idempotency.Claim(token.pk, key, digest)) as claim:
             response = self.get_response(request)
         if claim.row_id is None:
-            if response.status_code >= 400:
-                # Refused, perhaps because a request with the same key made the change meanwhile
-                # (a decision retried while the first was being made: "already decided"): its
-                # answer, or that it is being answered, is this one's too.
-                first = IdempotencyKey.objects.filter(token=token, key=key).first()
-                if first is not None:
-                    return replayed(first, digest)
+            # Refused, perhaps because a request with the same key made the change meanwhile (a
+            # decision retried while the first was being made: "already decided"): its answer, or
+            # that it is being answered, is this one's too.
+            if response.status_code >= 400 and (first := first_use()) is not None:
+                return replayed(first, digest)
             return response
         if response.status_code < 500 and not response.streaming:
             try:
