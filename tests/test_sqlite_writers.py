@@ -211,3 +211,105 @@ def test_a_process_that_yields_and_could_not_begin_does_not_wait_to_make_up_for_
     finally:
         other.execute("ROLLBACK")
         other.close()
+
+
+# Connections kept for the next thread (``base._Idle``)
+
+
+def raw_of(connection: base.DatabaseWrapper) -> Any:
+    connection.ensure_connection()
+    return connection.connection
+
+
+def test_a_closed_connection_is_the_next_threads_and_works_as_a_new_one(database: Path) -> None:
+    first = wrapper(database)
+    with transaction(first) as cursor:
+        cursor.execute("INSERT INTO log VALUES ('first', 0)")
+    kept = first.connection
+    first.close()
+    opened: list[Any] = []
+
+    def next_thread() -> None:
+        connection = wrapper(database)
+        opened.append(raw_of(connection))
+        with transaction(connection) as cursor:
+            cursor.execute("INSERT INTO log VALUES ('second', 0)")
+        assert connection.cursor().execute("PRAGMA foreign_keys").fetchone() == (1,)
+        connection.close()
+
+    in_thread(next_thread).join(10)
+    assert opened == [kept], "the next thread took the kept connection, not a new one"
+    with sqlite3.connect(database) as db:
+        assert [who for (who,) in db.execute("SELECT who FROM log ORDER BY rowid")] == ["first", "second"]
+
+
+def test_a_connection_closed_in_a_transaction_or_after_an_error_is_not_kept(database: Path) -> None:
+    in_the_middle = wrapper(database)
+    in_the_middle.set_autocommit(False, force_begin_transaction_with_broken_autocommit=True)
+    in_the_middle.cursor().execute("INSERT INTO log VALUES ('gone', 0)")
+    abandoned = in_the_middle.connection
+    in_the_middle.close()
+
+    failed = wrapper(database)
+    with pytest.raises(OperationalError):
+        failed.cursor().execute("SELECT * FROM nowhere")
+    broken = failed.connection
+    failed.close()
+
+    fresh = raw_of(wrapper(database))
+    assert fresh is not abandoned and fresh is not broken
+    with pytest.raises(sqlite3.ProgrammingError):
+        abandoned.execute("SELECT 1")  # closed, not kept
+    with sqlite3.connect(database) as db:
+        assert db.execute("SELECT count(*) FROM log").fetchone() == (0,)
+
+
+def test_a_kept_connection_to_a_file_since_replaced_is_not_handed_out(database: Path) -> None:
+    old = wrapper(database)
+    old_raw = raw_of(old)
+    old.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{database}{suffix}").unlink(missing_ok=True)
+    with sqlite3.connect(database) as db:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE other (x INTEGER)")
+
+    connection = wrapper(database)
+    assert raw_of(connection) is not old_raw
+    assert connection.cursor().execute("SELECT count(*) FROM other").fetchone() == (0,)
+    connection.close()
+    with pytest.raises(sqlite3.ProgrammingError):
+        old_raw.execute("SELECT 1")
+
+
+def test_kept_connections_do_not_hold_back_checkpoints(database: Path) -> None:
+    """An idle kept connection holds no read transaction: the write-ahead log is copied back and
+    started again as often as it would be without them, instead of growing with every write."""
+    with sqlite3.connect(database) as db:
+        db.execute("PRAGMA wal_autocheckpoint=50")  # pages; the setting is per connection
+    for n in range(300):
+        connection = wrapper(database)
+        connection.cursor().execute("PRAGMA wal_autocheckpoint=50")
+        with transaction(connection) as cursor:
+            cursor.execute("INSERT INTO log VALUES (?, ?)", ("x" * 8000, n))
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT who FROM log ORDER BY at DESC")
+            cursor.fetchone()  # a read not read to its end
+        connection.close()
+    # 300 writes of two pages and more: 2.4 MB without checkpoints; with them, about 50 pages.
+    assert Path(f"{database}-wal").stat().st_size < 100 * 4096
+
+
+def test_no_connection_is_kept_past_its_age(database: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = wrapper(database)
+    kept = raw_of(first)
+    first.close()
+    second = wrapper(database)
+    assert raw_of(second) is kept
+    monkeypatch.setattr(base._Idle, "MAX_AGE_SECONDS", 0.0)
+    second.close()  # too old by now: closed
+    third = wrapper(database)
+    assert raw_of(third) is not kept
+    third.close()
+    with pytest.raises(sqlite3.ProgrammingError):
+        kept.execute("SELECT 1")
