@@ -11,7 +11,6 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Count
@@ -420,25 +419,23 @@ def requested_wait(request: HttpRequest) -> float:
 
 async def settled_response(
     request: HttpRequest,
-    run_id: int,
+    act: Callable[[], int],
     *,
     done: Callable[[Run], bool] = lambda run: run.is_settled,
     describe: Callable[[HttpRequest, Run], dict[str, Any]] | None = None,
 ) -> Status[dict[str, Any]]:
-    """Wait for the run to settle (asynchronously, on an event), then describe it: 200 once it
+    """Do ``act`` (it names the run: started, decided on, looked up), wait for that run to
+    settle as `Prefer: wait` asks (asynchronously, on an event), then describe it: 200 once it
     has, 202 while not. ``done`` says what settled means (an approval: decided, not paused);
     ``describe`` how it is told (the run's description by default).
 
     Callers wait on the database row, the truth, not on a task result or a push
-    (actions.web.waiting.wait_for)."""
-    wait = requested_wait(request)
-    run = await waiting.wait_for(run_id, wait, done) if wait > 0 else None
+    (actions.web.waiting.settle)."""
 
-    def respond() -> Status[dict[str, Any]]:
-        current = run if run is not None else Run.objects.get(pk=run_id)
-        return Status(200 if done(current) else 202, (describe or run_out)(request, current))
+    def respond(run: Run) -> Status[dict[str, Any]]:
+        return Status(200 if done(run) else 202, (describe or run_out)(request, run))
 
-    return await sync_to_async(respond)()
+    return await waiting.settle(act, requested_wait(request), done, respond)
 
 
 async def started(
@@ -447,8 +444,7 @@ async def started(
     """Start a run for the request's token, then answer as `Prefer: wait` asks (``how``: as
     settled_response's)."""
     token = token_of(request)
-    run = await sync_to_async(start)(token)
-    return await settled_response(request, run.pk, **how)
+    return await settled_response(request, lambda: start(token).pk, **how)
 
 
 async def decided(
@@ -456,8 +452,7 @@ async def decided(
 ) -> Status[dict[str, Any]]:
     """Decide one of the token's team's interrupts, then answer as `Prefer: wait` asks."""
     token = token_of(request)
-    it = await sync_to_async(lambda: decide(get_interrupt(token, interrupt_id), token))()
-    return await settled_response(request, it.run_id)
+    return await settled_response(request, lambda: decide(get_interrupt(token, interrupt_id), token).run_id)
 
 
 # Endpoints
@@ -494,8 +489,8 @@ async def create_run(request: HttpRequest, payload: RunIn) -> Status[dict[str, A
 async def read_run(request: HttpRequest, run_id: int) -> Status[dict[str, Any]]:
     """The run with its transcript. `Prefer: wait=N` holds the answer up to N seconds (at most
     30) while it is queued or running: a long poll for it to pause or finish."""
-    run = await sync_to_async(get_run)(token_of(request), run_id)
-    settled = await settled_response(request, run.pk, describe=with_transcript)
+    token = token_of(request)
+    settled = await settled_response(request, lambda: get_run(token, run_id).pk, describe=with_transcript)
     return Status(200, settled.value)
 
 
@@ -894,8 +889,12 @@ async def read_approval(request: HttpRequest, approval_id: int) -> Status[dict[s
     """The approval and its decision. `Prefer: wait=N` holds the answer up to N seconds (at
     most 30) while it is pending: a long poll."""
     token = token_of(request)
-    run = await sync_to_async(get_run)(token, approval_id, Run.Consumer.APPROVAL)
-    settled = await settled_response(request, run.pk, done=approval_decided, describe=approval_out)
+    settled = await settled_response(
+        request,
+        lambda: get_run(token, approval_id, Run.Consumer.APPROVAL).pk,
+        done=approval_decided,
+        describe=approval_out,
+    )
     return Status(200, settled.value)
 
 

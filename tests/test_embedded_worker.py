@@ -139,10 +139,56 @@ async def test_a_waiting_api_request_answers_as_soon_as_the_run_changes_not_at_i
     recorder = threading.Thread(target=the_engine_records_the_step)
     began = time.monotonic()
     recorder.start()
-    response = await api.settled_response(request, run.pk)
+    response = await api.settled_response(request, lambda: run.pk)
     recorder.join()
     assert response.status_code == 200 and response.value["status"] == "completed"
     assert time.monotonic() - began < 5
+    assert run.pk not in waiting._waiters
+
+
+async def test_settle_reads_what_changed_before_it_joined_and_crosses_to_the_thread_twice(
+    team: Team, monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """``act`` makes its change, and the run may change again before the waiter joins (a step
+    in another thread): the first read, after the join, finds it. A run that settles after one
+    wake-up costs two crossings to the request's thread: act with the first read, then the
+    read with the description."""
+    from asgiref.sync import sync_to_async
+
+    monkeypatch.setattr(waiting, "FAST_POLL_SECONDS", (60.0, 60.0))
+    settings.GRUNDLAG_WAIT_POLL_SECONDS = 60.0
+    crossings: list[str] = []
+
+    def counted(func: Any) -> Any:
+        crossings.append(func.__name__)
+        return sync_to_async(func)
+
+    monkeypatch.setattr(waiting, "sync_to_async", counted)
+    run = await sync_to_async(Run.objects.create)(action="send_invoice", input={}, team=team)
+
+    def completed_unannounced() -> int:
+        Run.objects.filter(pk=run.pk).update(status="completed")  # no signal: only a read finds it
+        return run.pk
+
+    described = await waiting.settle(
+        completed_unannounced, 20, lambda it: it.is_settled, lambda it: it.status
+    )
+    assert described == "completed" and crossings == ["first"]
+    assert run.pk not in waiting._waiters
+
+    crossings.clear()
+    await sync_to_async(Run.objects.filter(pk=run.pk).update)(status="running")
+
+    def the_engine_records_the_step() -> None:
+        time.sleep(0.3)
+        Run.objects.filter(pk=run.pk).update(status="interrupted")
+        journal.run_changed.send(Run, team_id=team.pk, run_id=run.pk, status="interrupted", finished=False)
+
+    recorder = threading.Thread(target=the_engine_records_the_step)
+    recorder.start()
+    described = await waiting.settle(lambda: run.pk, 20, lambda it: it.is_settled, lambda it: it.status)
+    recorder.join()
+    assert described == "interrupted" and crossings == ["first", "read"]
     assert run.pk not in waiting._waiters
 
 

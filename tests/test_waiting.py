@@ -139,7 +139,7 @@ def test_prefer_wait_answers_on_the_notification_not_on_its_fallback_poll(
     recorder = threading.Thread(target=in_another_thread, args=(another_process_records_the_step,))
     began = time.monotonic()
     recorder.start()
-    response = asyncio.run(as_a_request(api.settled_response(request, run.pk)))
+    response = asyncio.run(as_a_request(api.settled_response(request, lambda: run.pk)))
     recorder.join()
     assert response.status_code == 200 and response.value["status"] == "completed"
     assert time.monotonic() - began < 5

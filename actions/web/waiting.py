@@ -27,8 +27,9 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 
@@ -64,23 +65,42 @@ def _wake(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]) -> Non
             loop.call_soon_threadsafe(event.set)
 
 
+class _Waiter:
+    """A request waiting on a run: woken (its event set, on its loop) by the run's changes
+    once it has joined, from whichever thread joins it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.changed = asyncio.Event()
+        self.run_id: int | None = None
+
+    def join(self, run_id: int) -> None:
+        listen()
+        with _lock:
+            _waiters.setdefault(run_id, set()).add((self.loop, self.changed))
+        self.run_id = run_id
+
+    def leave(self) -> None:
+        if self.run_id is None:
+            return
+        with _lock:
+            waiting = _waiters.get(self.run_id)
+            if waiting is not None:
+                waiting.discard((self.loop, self.changed))
+                if not waiting:
+                    del _waiters[self.run_id]
+
+
 @asynccontextmanager
 async def changes_of(run_id: int) -> AsyncIterator[asyncio.Event]:
     """An event set whenever the run changes while the block runs (clear it before reading).
     Joined before the block starts, so a change after the block's first read is never missed."""
-    listen()
-    entry = (asyncio.get_running_loop(), asyncio.Event())
-    with _lock:
-        _waiters.setdefault(run_id, set()).add(entry)
+    waiter = _Waiter()
+    waiter.join(run_id)
     try:
-        yield entry[1]
+        yield waiter.changed
     finally:
-        with _lock:
-            waiting = _waiters.get(run_id)
-            if waiting is not None:
-                waiting.discard(entry)
-                if not waiting:
-                    del _waiters[run_id]
+        waiter.leave()
 
 
 # How soon a waiter reads the run again when nothing woke it. While every change of a run wakes
@@ -90,26 +110,64 @@ async def changes_of(run_id: int) -> AsyncIterator[asyncio.Event]:
 # is found: after the first of these, then twice as long each time, up to the second.
 FAST_POLL_SECONDS = (0.01, 0.1)
 
+T = TypeVar("T")
+_NOT_YET: Any = object()
 
-async def wait_for(run_id: int, seconds: float | None, done: Callable[[Run], bool]) -> Run:
-    """The run, read once ``done`` says so of it, or once ``seconds`` have passed (None: no
-    limit): woken by its changes (``changes_of``), read again should a wake-up be lost."""
+
+async def settle(
+    act: Callable[[], int],
+    seconds: float | None,
+    done: Callable[[Run], bool],
+    describe: Callable[[Run], T],
+) -> T:
+    """Do ``act`` (which names a run: the one it started, decided on, or looked up), then wait
+    for that run: its description once ``done`` says so of it, or once ``seconds`` have passed
+    (None: no limit; 0: at once). Woken by the run's changes, read again should a wake-up be
+    lost.
+
+    The waiter joins right after ``act``, before the first read, so a change after that read is
+    never missed. ``act``, the reads and the description run in the request's thread, each
+    read together with what follows it: a request that waits for a paused run crosses between
+    the event loop and its thread twice, not six times (each crossing waits its turn for the
+    interpreter, behind the step a busy server is running)."""
     deadline = None if seconds is None else time.monotonic() + seconds
     fast = FAST_POLL_SECONDS[0]
-    async with changes_of(run_id) as changed:
-        while True:
-            changed.clear()  # before reading: a change after the read sets it again
-            run = await Run.objects.aget(pk=run_id)
+    waiter = _Waiter()
+
+    def read(run_id: int) -> T:
+        run = Run.objects.get(pk=run_id)
+        timed_out = deadline is not None and deadline - time.monotonic() <= 0
+        return describe(run) if done(run) or timed_out else _NOT_YET
+
+    def first() -> T:
+        run_id = act()
+        if seconds != 0:
+            waiter.join(run_id)  # before the read: a change after it wakes this request
+        return read(run_id)
+
+    try:
+        result = await sync_to_async(first)()
+        while result is _NOT_YET:
             remaining = float("inf") if deadline is None else deadline - time.monotonic()
-            if done(run) or remaining <= 0:
-                return run
             if covers_all_changes():
                 delay = settings.GRUNDLAG_WAIT_POLL_SECONDS
             else:
                 delay, fast = fast, min(fast * 2, FAST_POLL_SECONDS[1])
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(delay, remaining)):
-                    await changed.wait()
+                async with asyncio.timeout(max(min(delay, remaining), 0)):
+                    await waiter.changed.wait()
+            waiter.changed.clear()  # before reading: a change after the read sets it again
+            assert waiter.run_id is not None
+            result = await sync_to_async(read)(waiter.run_id)
+        return result
+    finally:
+        waiter.leave()
+
+
+async def wait_for(run_id: int, seconds: float | None, done: Callable[[Run], bool]) -> Run:
+    """The run, read once ``done`` says so of it, or once ``seconds`` have passed (None: no
+    limit): ``settle`` with nothing to do first."""
+    return await settle(lambda: run_id, seconds, done, lambda run: run)
 
 
 def listen() -> None:
