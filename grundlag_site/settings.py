@@ -139,7 +139,7 @@ MIDDLEWARE = [
     "actions.web.middleware.DatabaseUnavailableMiddleware",
     "csp.middleware.CSPMiddleware",
     # Last, as django-axes asks: it turns its lock-out signal into the lock-out response.
-    "axes.middleware.AxesMiddleware",
+    "actions.web.middleware.AxesMiddleware",
 ]
 
 # Content-Security-Policy (django-csp): scripts only from this site's own files, nothing inline
@@ -467,6 +467,9 @@ AXES_USERNAME_CALLABLE = "actions.web.auth.login_username"
 AXES_CLIENT_IP_CALLABLE = "actions.web.auth.client_ip"
 AXES_LOCKOUT_CALLABLE = "actions.web.auth.locked_out"
 AXES_VERBOSE = False
+# Axes looks for its own middleware by name; the site runs a subclass of it, which runs in the
+# request's thread (actions.web.middleware.AxesMiddleware), last in MIDDLEWARE as Axes asks.
+SILENCED_SYSTEM_CHECKS = ["axes.W002"]
 # The proxies whose X-Forwarded-For names the client (addresses or networks, comma-separated).
 # The default trusts a proxy on this machine, as deploy/ sets it up; empty trusts none.
 try:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,3 +88,36 @@ def test_sqlite_connections_take_their_checkpoint_size_from_the_environment(tmp_
             cwd=ROOT, env={**os.environ, "DATABASE_URL": url, **env}, capture_output=True, text=True,
         )  # fmt: skip
         assert result.stdout.strip().splitlines()[-1] == pages, result.stderr
+
+
+def test_under_asgi_the_middleware_runs_in_one_thread_switching_only_at_its_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each switch between the event loop and a request's thread waits its turn for the
+    interpreter on a busy server. The stack switches to the thread as the request comes in and
+    back to the loop for the view alone; no middleware in between makes it switch again (Axes'
+    own ran in the loop, and switched the stack there for itself and CSPMiddleware)."""
+    from asgiref.sync import iscoroutinefunction
+    from django.core.handlers.asgi import ASGIHandler
+    from django.core.handlers.base import BaseHandler
+
+    adapted: list[tuple[str, str | None]] = []
+    adapt = BaseHandler.adapt_method_mode
+
+    def recording(
+        self: BaseHandler,
+        is_async: bool,
+        method: Any,
+        method_is_async: bool | None = None,
+        debug: bool = False,
+        name: str | None = None,
+    ) -> Any:
+        if is_async != (iscoroutinefunction(method) if method_is_async is None else method_is_async):
+            adapted.append(("to the loop" if is_async else "to the thread", name))
+        return adapt(self, is_async, method, method_is_async, debug, name)
+
+    monkeypatch.setattr(BaseHandler, "adapt_method_mode", recording)
+    ASGIHandler()
+    chain = [(way, name) for way, name in adapted if name is not None or way == "to the thread"]
+    assert chain == [("to the thread", "middleware actions.web.middleware.AxesMiddleware")]
+    assert adapted[-1] == ("to the loop", None), "the whole stack, entered from the loop"
