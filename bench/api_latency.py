@@ -3,7 +3,9 @@
 `completed`. p50/p99 over sequential cycles, on the embedded setup (`manage.py serve`: SQLite,
 the worker in the same process) and the scaled one (PostgreSQL, Redis, one daphne, one Celery
 worker process), beside LangGraph's in-process `invoke` of the same action (pause, then resume
-with `Command`), checkpointed to SQLite, in this process.
+with `Command`), checkpointed to SQLite, in this process. Also what a cycle costs the site's
+processes in CPU: on two cores the latency follows it, and it is less at the mercy of the
+machine's other tenants than the latency is.
 
     python -m bench.api_latency [--cycles 50]
 """
@@ -22,7 +24,7 @@ from typing import Any, TypedDict
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import percentile, served_site  # noqa: E402
+from bench.common import cpu_seconds, percentile, served_site  # noqa: E402
 from tests.integration.processes import Server  # noqa: E402
 from tests.integration.services import Postgres  # noqa: E402
 
@@ -62,12 +64,21 @@ def grundlag(name: str, cycles: int) -> list[str]:
                 database_url = postgres.create_database("api_latency")
             else:
                 database_url = f"sqlite:///{tmp}/api.sqlite3"
-            with served_site(Path(tmp), database_url, scaled=postgres is not None) as (_, server, token):
+            with served_site(Path(tmp), database_url, scaled=postgres is not None) as (site, server, token):
+                pids = [process.pid for process in site.processes]
+                cpu_before = cpu_seconds(pids)
                 started, resumed = api_cycles(server, token, cycles)
+                cpu_ms = (cpu_seconds(pids) - cpu_before) / (cycles + 3) * 1000
         finally:
             if postgres is not None:
                 postgres.cleanup()
-    return [line(name, "start -> interrupted", started), line(name, "resume -> completed", resumed)]
+    return [
+        line(name, "start -> interrupted", started),
+        line(name, "resume -> completed", resumed),
+        # What a cycle costs the site's processes (the server, the workers, the notifier; not
+        # PostgreSQL or Redis): on two cores, latency follows it; less noisy than the latency.
+        f"  {name:<22} {'site CPU per cycle':<24} {cpu_ms:7.1f} ms",
+    ]
 
 
 class State(TypedDict, total=False):

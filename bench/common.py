@@ -44,6 +44,19 @@ def raise_file_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time (user and system) of these processes and their children, in seconds."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        process = psutil.Process(pid)
+        for p in [process, *process.children(recursive=True)]:
+            times = p.cpu_times()
+            total += times.user + times.system
+    return total
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

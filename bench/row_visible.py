@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import percentile, raise_file_limit, served_site  # noqa: E402
+from bench.common import cpu_seconds, percentile, raise_file_limit, served_site  # noqa: E402
 from bench.push_latency import MAKE_SESSIONS  # noqa: E402
 
 MISSED_AFTER = 30.0
@@ -132,18 +132,6 @@ class Page:
                 self.reconnects += 1
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10)
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    import psutil
-
-    total = 0.0
-    for pid in pids:
-        process = psutil.Process(pid)
-        for p in [process, *process.children(recursive=True)]:
-            times = p.cpu_times()
-            total += times.user + times.system
-    return total
 
 
 async def measure(
