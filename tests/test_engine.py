@@ -17,7 +17,7 @@ from actions import engine
 from actions.drivers.base import StepResult
 from actions.engine import rules
 from actions.engine import steps as engine_steps
-from actions.models import AuditChain, Interrupt, Run, RunEvent, Team
+from actions.models import ApiToken, AuditChain, Interrupt, Run, RunEvent, Team
 from grundlag_site.celery import app as celery_app
 
 # Every test runs with steps in workers and inline, on SQLite and on PostgreSQL (tests/conftest.py).
@@ -229,6 +229,34 @@ def test_a_claim_is_taken_once_so_a_duplicate_delivery_runs_nothing(team: Team, 
     engine.execute_step(run.pk)  # a redelivered message for the step that already ran
     run.refresh_from_db()
     assert run.interrupts.count() == 1 and kinds(run).count("claimed") == 1
+
+
+@pytest.mark.parametrize("steps", ["worker"], indirect=True)
+@pytest.mark.parametrize("asker", ["person", "token"])
+def test_a_workers_step_reads_its_run_once_in_the_claim_even_to_record_who_asked(
+    team: Team, reviewer: User, no_worker: None, asker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recording a pause reads who asked (the team's rules and grants go by it): it comes with
+    the claim, not by a query of its own for each of its fields."""
+    from actions.models import TeamRule
+    from actions.tasks import run_step
+
+    # A rule that reads who asked, and does not hold: the interrupt waits for people.
+    TeamRule.objects.create(team=team, name="robots", when='requester == "robot"', then="reject", reason="no")
+
+    monkeypatch.setattr(run_step, "apply_async", lambda *args, **kwargs: None)  # queued, not sent
+    by: Any = reviewer if asker == "person" else ApiToken.issue(team, "deploys")[0]
+    run = engine.start_run("send_invoice", {"invoice_id": "INV-8", "amount": 3.0}, team, by)
+    assert Run.objects.get(pk=run.pk).status == "queued"
+    rules.team_set(team.pk)  # read once per process, and again when they change
+    runs = connection.ops.quote_name(Run._meta.db_table)
+    with CaptureQueriesContext(connection) as queries:
+        engine.execute_step(run.pk)
+    statements = [query["sql"] for query in queries]
+    reads = [sql for sql in statements if sql.startswith("SELECT") and f"FROM {runs}" in sql]
+    assert reads == [], "\n".join(reads)
+    assert sum(sql.startswith(f"UPDATE {runs}") for sql in statements) == 2  # the claim, the record
+    assert pending(run).status == Interrupt.Status.PENDING
 
 
 @pytest.mark.parametrize("steps", ["inline"], indirect=True)

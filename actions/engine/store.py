@@ -343,10 +343,12 @@ def lock_audit_chain(run_ids: Sequence[int]) -> tuple[int, str, dict[int, str]]:
     return int(row[0]), str(row[1]), heads
 
 
-# What a step needs of its run: it reads nothing else of it.
+# What a step needs of its run, and what recording its pauses reads of it (who asked, for the
+# team's rules and grants): it reads nothing else of it. A column left out is read when first
+# used, by a query of its own.
 _STEP_COLUMNS = (
     "{Run.id}, {Run.action}, {Run.input}, {Run.team}, {Run.consumer}, {Run.status}, {Run.attempt},"
-    " {Run.driver_state}"
+    " {Run.driver_state}, {Run.started_by}, {Run.started_by_token}, {Run.started_by_name}"
 )
 
 
