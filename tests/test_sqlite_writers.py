@@ -313,3 +313,11 @@ def test_no_connection_is_kept_past_its_age(database: Path, monkeypatch: pytest.
     third.close()
     with pytest.raises(sqlite3.ProgrammingError):
         kept.execute("SELECT 1")
+
+
+def test_a_connection_closed_under_django_is_not_kept(database: Path) -> None:
+    connection = wrapper(database)
+    raw = raw_of(connection)
+    raw.close()  # as when the database went away
+    connection.close()
+    assert raw_of(wrapper(database)) is not raw

@@ -82,12 +82,12 @@ class _Idle:
     def keep(self, key: tuple[Any, ...], path: str, raw: sqlite3.Connection) -> bool:
         file = self._file(path)
         born = getattr(raw, "born", None)
-        if (
-            file is None
-            or raw.in_transaction
-            or born is None
-            or time.monotonic() - born > self.MAX_AGE_SECONDS
-        ):
+        if file is None or born is None or time.monotonic() - born > self.MAX_AGE_SECONDS:
+            return False
+        try:
+            if raw.in_transaction:
+                return False
+        except sqlite3.Error:  # closed under us: not one to keep
             return False
         with self._lock:
             kept = self._kept.setdefault(key, [])
