@@ -4,6 +4,7 @@ transaction ends lets the next one in. Each test has a database file of its own.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -283,21 +284,61 @@ def test_a_kept_connection_to_a_file_since_replaced_is_not_handed_out(database: 
 
 
 def test_kept_connections_do_not_hold_back_checkpoints(database: Path) -> None:
-    """An idle kept connection holds no read transaction: the write-ahead log is copied back and
-    started again as often as it would be without them, instead of growing with every write."""
-    with sqlite3.connect(database) as db:
-        db.execute("PRAGMA wal_autocheckpoint=50")  # pages; the setting is per connection
+    """A kept connection holds no read transaction, even where a read was left unfinished on it
+    (its cursor dropped): the write-ahead log is copied back and started again as often as
+    without them, instead of growing with every write. (A cursor still held keeps its read
+    open whether its connection is kept or closed: SQLite closes it only once it is let go.)"""
+    reader = wrapper(database)
+    with transaction(reader) as cursor:
+        cursor.executemany("INSERT INTO log VALUES (?, 0)", [("first",), ("second",), ("third",)])
+    unfinished = raw_of(reader).cursor()
+    unfinished.execute("SELECT who FROM log")
+    unfinished.fetchone()  # rows are left to read: a read transaction is open
+    del unfinished
+    reader.close()
     for n in range(300):
         connection = wrapper(database)
-        connection.cursor().execute("PRAGMA wal_autocheckpoint=50")
+        connection.cursor().execute("PRAGMA wal_autocheckpoint=50")  # pages
         with transaction(connection) as cursor:
             cursor.execute("INSERT INTO log VALUES (?, ?)", ("x" * 8000, n))
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT who FROM log ORDER BY at DESC")
-            cursor.fetchone()  # a read not read to its end
         connection.close()
     # 300 writes of two pages and more: 2.4 MB without checkpoints; with them, about 50 pages.
     assert Path(f"{database}-wal").stat().st_size < 100 * 4096
+
+
+def test_what_a_thread_changed_on_its_connection_is_undone_for_the_next(database: Path) -> None:
+    first = wrapper(database, timeout=2)
+    raw = raw_of(first)
+    raw.execute("PRAGMA foreign_keys = OFF")
+    raw.execute("PRAGMA busy_timeout = 0")
+    first.close()
+    second = wrapper(database, timeout=2)
+    assert raw_of(second) is raw
+    assert raw.execute("PRAGMA foreign_keys").fetchone() == (1,)
+    assert raw.execute("PRAGMA busy_timeout").fetchone() == (2000,)
+    second.close()
+
+
+def test_a_forked_child_does_not_use_its_parents_connections(database: Path) -> None:
+    parent = wrapper(database)
+    kept = raw_of(parent)
+    parent.close()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: says whether it was handed the parent's connection
+        try:
+            child = wrapper(database)
+            os.write(write, b"parent's" if raw_of(child) is kept else b"its own")
+            child.close()
+        finally:
+            os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    assert os.read(read, 100) == b"its own" and status == 0
+    os.close(read)
+    again = wrapper(database)
+    assert raw_of(again) is kept, "the parent's is still the parent's"
+    again.close()
 
 
 def test_no_connection_is_kept_past_its_age(database: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -306,11 +347,11 @@ def test_no_connection_is_kept_past_its_age(database: Path, monkeypatch: pytest.
     first.close()
     second = wrapper(database)
     assert raw_of(second) is kept
-    monkeypatch.setattr(base._Idle, "MAX_AGE_SECONDS", 0.0)
-    second.close()  # too old by now: closed
+    second.close()
+    monkeypatch.setattr(base._Idle, "MAX_AGE_SECONDS", 0.0)  # too old by now: not handed out
     third = wrapper(database)
     assert raw_of(third) is not kept
-    third.close()
+    third.close()  # nor kept
     with pytest.raises(sqlite3.ProgrammingError):
         kept.execute("SELECT 1")
 

@@ -39,50 +39,63 @@ _polite = False
 MAX_YIELD_SECONDS = 0.05
 
 
+class _Connection(sqlite3.Connection):
+    """A connection that knows which process opened it, on which file, and when (``_Idle``)."""
+
+    pid: int
+    file: tuple[int, int] | None
+    born: float
+
+
+def _file(path: str) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return stat.st_dev, stat.st_ino
+
+
 class _Idle:
     """Open connections not in use, per database file and options, ready for the next thread.
 
     A connection is kept only when it is as a new one would be: no transaction open, nothing
     gone wrong on it. It is handed out only in the process that opened it (never across a
-    fork) and only while its file is still the one at that path (a test database deleted and
-    made again is a new file); otherwise it is closed. At most ``SIZE`` per database: beyond,
-    a connection is closed as it was before. None is kept past ``MAX_AGE_SECONDS``: should a
-    statement ever be left unfinished on one (a read transaction, which keeps the write-ahead
-    log from being started again), it would hold on no longer than that."""
+    fork: a child starts with none) and only while the file at its path is still the one it
+    opened (a test database deleted and made again is a new file); otherwise it is closed. At
+    most ``SIZE`` per database: beyond, a connection is closed as it was before. None is used
+    past ``MAX_AGE_SECONDS`` (as with CONN_MAX_AGE elsewhere): whatever builds up on a
+    connection lasts no longer than that. What a thread changed on one is undone as it is
+    handed out (``DatabaseWrapper.get_new_connection``)."""
 
     SIZE = 8
     MAX_AGE_SECONDS = 60.0
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._kept: dict[tuple[Any, ...], list[tuple[sqlite3.Connection, int, tuple[int, int]]]] = {}
+        self._kept: dict[tuple[Any, ...], list[_Connection]] = {}
 
-    @staticmethod
-    def _file(path: str) -> tuple[int, int] | None:
-        try:
-            stat = os.stat(path)
-        except (OSError, ValueError):
-            return None
-        return stat.st_dev, stat.st_ino
+    def _usable(self, raw: _Connection, path: str) -> bool:
+        return (
+            raw.pid == os.getpid()
+            and raw.file is not None
+            and raw.file == _file(path)
+            and time.monotonic() - raw.born <= self.MAX_AGE_SECONDS
+        )
 
-    def take(self, key: tuple[Any, ...], path: str) -> sqlite3.Connection | None:
-        file = self._file(path)
+    def take(self, key: tuple[Any, ...], path: str) -> _Connection | None:
         while True:
             with self._lock:
                 kept = self._kept.get(key)
                 if not kept:
                     return None
-                raw, pid, opened_on = kept.pop()
-            if pid == os.getpid() and opened_on == file:
+                raw = kept.pop()
+            if self._usable(raw, path):
                 return raw
-            if pid == os.getpid():  # another file by now: closed; a forked parent's: left alone
-                with contextlib.suppress(sqlite3.Error):
-                    raw.close()
+            with contextlib.suppress(sqlite3.Error):
+                raw.close()
 
-    def keep(self, key: tuple[Any, ...], path: str, raw: sqlite3.Connection) -> bool:
-        file = self._file(path)
-        born = getattr(raw, "born", None)
-        if file is None or born is None or time.monotonic() - born > self.MAX_AGE_SECONDS:
+    def keep(self, key: tuple[Any, ...], path: str, raw: Any) -> bool:
+        if not isinstance(raw, _Connection) or not self._usable(raw, path):
             return False
         try:
             if raw.in_transaction:
@@ -93,17 +106,20 @@ class _Idle:
             kept = self._kept.setdefault(key, [])
             if len(kept) >= self.SIZE:
                 return False
-            kept.append((raw, os.getpid(), file))
+            kept.append(raw)
         return True
+
+    def forked(self) -> None:
+        """In a child process: the parent's connections are the parent's. Not closed here (that
+        would touch the parent's locks and files), nor ever used: set aside for good. The lock
+        is new too: a thread of the parent may have held it as the process forked."""
+        _forked_away.append(self._kept)
+        self._lock, self._kept = threading.Lock(), {}
 
 
 _idle = _Idle()
-
-
-class _Connection(sqlite3.Connection):
-    """A connection that knows when it was opened (``_Idle`` keeps none past its age)."""
-
-    born: float
+_forked_away: list[Any] = []
+os.register_at_fork(after_in_child=_idle.forked)
 
 
 def yield_to_others() -> None:
@@ -123,9 +139,16 @@ class DatabaseWrapper(base.DatabaseWrapper):
     def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
         path = str(conn_params["database"])
         if not self.is_in_memory_db() and (raw := _idle.take(self._idle_key(conn_params), path)):
+            # As a new one is set up: whatever a thread changed on it for itself is undone.
+            timeout = float(conn_params.get("timeout", 5))
+            raw.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+            raw.execute("PRAGMA foreign_keys = ON")
+            for init_command in self.init_commands:  # type: ignore[attr-defined]
+                if init_command := init_command.strip():
+                    raw.execute(init_command)
             return raw
         raw = super().get_new_connection({**conn_params, "factory": _Connection})
-        raw.born = time.monotonic()
+        raw.pid, raw.file, raw.born = os.getpid(), _file(path), time.monotonic()
         return raw
 
     def _start_transaction_under_autocommit(self) -> None:
