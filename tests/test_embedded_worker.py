@@ -192,6 +192,48 @@ async def test_settle_reads_what_changed_before_it_joined_and_crosses_to_the_thr
     assert run.pk not in waiting._waiters
 
 
+async def test_settle_without_a_wait_joins_nothing_and_a_cancelled_one_leaves_nothing_behind(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No `Prefer: wait`: one read, no waiter. A request cancelled (its client gone) while its
+    thread still makes its change does not leave that thread to join the run's waiters after
+    the request has ended."""
+    from asgiref.sync import sync_to_async
+
+    run = await sync_to_async(Run.objects.create)(action="send_invoice", input={}, team=team)
+    joined: list[int] = []
+
+    def act() -> int:
+        joined.append(len(waiting._waiters.get(run.pk, ())))
+        return run.pk
+
+    assert await waiting.settle(act, 0, lambda it: it.is_settled, lambda it: it.status) == "queued"
+    assert joined == [0] and run.pk not in waiting._waiters
+
+    acting, go_on, tried_to_join = threading.Event(), threading.Event(), threading.Event()
+    join = waiting._Waiter.join
+
+    def joining(self: Any, run_id: int) -> None:
+        join(self, run_id)
+        tried_to_join.set()
+
+    monkeypatch.setattr(waiting._Waiter, "join", joining)
+
+    def slow_act() -> int:
+        acting.set()
+        assert go_on.wait(10)
+        return run.pk
+
+    request = asyncio.create_task(waiting.settle(slow_act, 20, lambda it: it.is_settled, lambda it: it))
+    assert await asyncio.to_thread(acting.wait, 10)
+    request.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    go_on.set()  # the thread goes on, and reaches the join after the request has left
+    assert await asyncio.to_thread(tried_to_join.wait, 10)
+    assert run.pk not in waiting._waiters
+
+
 async def test_a_waiting_request_is_woken_by_the_engines_signal_from_another_thread() -> None:
     async with waiting.changes_of(41) as changed, waiting.changes_of(42) as other:
         sender = threading.Thread(

@@ -73,17 +73,23 @@ class _Waiter:
         self.loop = asyncio.get_running_loop()
         self.changed = asyncio.Event()
         self.run_id: int | None = None
+        self.left = False
 
     def join(self, run_id: int) -> None:
+        """Wake on the run's changes from now on; not once it has left (a request cancelled,
+        its client gone, while its thread was still making its change)."""
         listen()
         with _lock:
+            if self.left:
+                return
             _waiters.setdefault(run_id, set()).add((self.loop, self.changed))
-        self.run_id = run_id
+            self.run_id = run_id
 
     def leave(self) -> None:
-        if self.run_id is None:
-            return
         with _lock:
+            self.left = True
+            if self.run_id is None:
+                return
             waiting = _waiters.get(self.run_id)
             if waiting is not None:
                 waiting.discard((self.loop, self.changed))
@@ -130,7 +136,7 @@ async def settle(
     read together with what follows it: a request that waits for a paused run crosses between
     the event loop and its thread twice, not six times (each crossing waits its turn for the
     interpreter, behind the step a busy server is running)."""
-    deadline = None if seconds is None else time.monotonic() + seconds
+    deadline: float | None = None  # from the change on, as before there was one to wait for
     fast = FAST_POLL_SECONDS[0]
     waiter = _Waiter()
 
@@ -140,7 +146,9 @@ async def settle(
         return describe(run) if done(run) or timed_out else _NOT_YET
 
     def first() -> T:
+        nonlocal deadline
         run_id = act()
+        deadline = None if seconds is None else time.monotonic() + seconds
         if seconds != 0:
             waiter.join(run_id)  # before the read: a change after it wakes this request
         return read(run_id)
