@@ -13,6 +13,7 @@ class ActionsConfig(AppConfig):
     def ready(self) -> None:
         from django.contrib.auth import get_user_model
         from django.contrib.auth.signals import user_logged_out
+        from django.core import checks
         from django.db.models import signals
 
         from actions import drivers, metrics, notify
@@ -22,6 +23,7 @@ class ActionsConfig(AppConfig):
         from actions.engine import journal
         from actions.models import Run, Team
         from actions.web import live, waiting
+        from actions.web.middleware import axes_middleware_last
 
         # Runs of these consumers are stepped by their driver; every other runs a plain action.
         drivers.register(Run.Consumer.AGENT, AgentDriver())
@@ -43,6 +45,7 @@ class ActionsConfig(AppConfig):
         journal.team_changed.connect(notify.dispatch_soon, dispatch_uid="notify-team")
         journal.run_changed.connect(notify.on_run_changed, dispatch_uid="notify-run")
         journal.discussed.connect(notify.on_discussed, dispatch_uid="notify-discussed")
+        checks.register(axes_middleware_last, checks.Tags.security)
         # Production's figures (actions.metrics): the engine's signals, the database's counts.
         metrics.register()
         # Importing a module registers the actions it defines with @action.

@@ -468,7 +468,8 @@ AXES_CLIENT_IP_CALLABLE = "actions.web.auth.client_ip"
 AXES_LOCKOUT_CALLABLE = "actions.web.auth.locked_out"
 AXES_VERBOSE = False
 # Axes looks for its own middleware by name; the site runs a subclass of it, which runs in the
-# request's thread (actions.web.middleware.AxesMiddleware), last in MIDDLEWARE as Axes asks.
+# request's thread (actions.web.middleware.AxesMiddleware), last in MIDDLEWARE as Axes asks: the
+# site's own check (grundlag.E001) makes sure of that instead.
 SILENCED_SYSTEM_CHECKS = ["axes.W002"]
 # The proxies whose X-Forwarded-For names the client (addresses or networks, comma-separated).
 # The default trusts a proxy on this machine, as deploy/ sets it up; empty trusts none.

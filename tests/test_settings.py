@@ -121,3 +121,18 @@ def test_under_asgi_the_middleware_runs_in_one_thread_switching_only_at_its_ends
     chain = [(way, name) for way, name in adapted if name is not None or way == "to the thread"]
     assert chain == [("to the thread", "middleware actions.web.middleware.AxesMiddleware")]
     assert adapted[-1] == ("to the loop", None), "the whole stack, entered from the loop"
+
+
+def test_a_stack_that_does_not_end_with_axes_middleware_is_refused_by_a_check(settings: Any) -> None:
+    """The site runs a subclass of Axes' middleware, which Axes' own check does not see: the
+    site's check is what stops a stack without the lock-out."""
+    from django.core import checks
+
+    def errors() -> list[str]:
+        return [message.id for message in checks.run_checks(tags=[checks.Tags.security]) if message.id]
+
+    assert "grundlag.E001" not in errors()
+    settings.MIDDLEWARE = settings.MIDDLEWARE[:-1]
+    assert "grundlag.E001" in errors()
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, "axes.middleware.AxesMiddleware"]
+    assert "grundlag.E001" not in errors()  # Axes' own will do

@@ -191,3 +191,26 @@ class AxesMiddleware(axes.middleware.AxesMiddleware):  # type: ignore[misc]  # a
     on a busy server. Now the stack runs in one thread, and only the view's own work crosses."""
 
     async_capable = False
+
+
+def axes_middleware_last(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """A system check in place of Axes' own (axes.W002, which looks for its middleware by name
+    and so would not see this subclass): the last middleware must be Axes', or one made of it,
+    or locked-out logins would not be answered as such."""
+    from django.core.checks import Error
+    from django.utils.module_loading import import_string
+
+    last = settings.MIDDLEWARE[-1] if settings.MIDDLEWARE else ""
+    try:
+        ok = issubclass(import_string(last), axes.middleware.AxesMiddleware)
+    except ImportError:
+        ok = False
+    if ok:
+        return []
+    return [
+        Error(
+            f"The last of settings.MIDDLEWARE is {last!r}, not Axes' middleware",
+            hint="End MIDDLEWARE with actions.web.middleware.AxesMiddleware (django-axes' lock-out).",
+            id="grundlag.E001",
+        )
+    ]
