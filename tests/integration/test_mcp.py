@@ -155,7 +155,8 @@ def test_a_paused_call_is_a_task_decided_in_the_inbox_and_outlives_a_restart(sit
 
     async def finished() -> tuple[types.GetTaskResult, types.CallToolResult]:
         async with legacy(web, site.token) as (session, _):
-            return await get_task(session, task_id), await task_result(session, task_id)
+            result = await task_result(session, task_id)  # held until the task has ended
+            return await get_task(session, task_id), result
 
     task, result = asyncio.run(finished())
     assert task.status == "completed"
@@ -284,9 +285,16 @@ def test_a_2026_client_with_the_tasks_extension_gets_the_answer_through_the_task
 
             deciding = asyncio.ensure_future(reviewer())
             await deciding
-            got = await client.session.send_request(
-                TasksGet(params=TaskParams(task_id=created.task_id)), DetailedTask
-            )
+            # The decision queues the resumed step; a client polls tasks/get, as this one does,
+            # until the task has left "working" (bounded, so a lost step fails the test).
+            deadline = asyncio.get_running_loop().time() + 30
+            while True:
+                got = await client.session.send_request(
+                    TasksGet(params=TaskParams(task_id=created.task_id)), DetailedTask
+                )
+                if got.status != "working" or asyncio.get_running_loop().time() > deadline:
+                    break
+                await asyncio.sleep(0.1)
             assert got.status == "completed" and got.result is not None
             return created, types.CallToolResult.model_validate(got.result, by_name=False)
 
@@ -378,7 +386,8 @@ def test_in_the_scaled_setup_any_web_process_answers_for_a_task(scaled_site: Sit
 
     async def finished() -> tuple[types.GetTaskResult, types.CallToolResult]:
         async with legacy(second, site.token) as (session, _):
-            return await get_task(session, task_id), await task_result(session, task_id)
+            result = await task_result(session, task_id)  # held until the task has ended
+            return await get_task(session, task_id), result
 
     task, result = asyncio.run(finished())
     assert task.status == "completed"
