@@ -254,19 +254,25 @@ class TasksExtension(ClientExtension):
 
     def claims(self) -> list[ResultClaim[Any]]:
         async def resolve(task: CreatedTask, ctx: ClaimContext) -> types.CallToolResult:
-            while True:
-                got = await ctx.session.send_request(
-                    TasksGet(params=TaskParams(task_id=task.task_id)), DetailedTask
-                )
-                if got.status == "completed" and got.result is not None:
-                    return types.CallToolResult.model_validate(got.result, by_name=False)
-                if got.status in ("failed", "cancelled"):
-                    return types.CallToolResult(
-                        content=[types.TextContent(type="text", text=got.status)], is_error=True
-                    )
-                await asyncio.sleep(0.2)
+            got = await ended_task(ctx.session, task.task_id)
+            if got.status == "completed" and got.result is not None:
+                return types.CallToolResult.model_validate(got.result, by_name=False)
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text=got.status)], is_error=True
+            )
 
         return [ResultClaim(result_type="task", model=CreatedTask, resolve=resolve)]
+
+
+async def ended_task(session: ClientSession, task_id: str, seconds: float = 30) -> DetailedTask:
+    """tasks/get, polled as a client does while the task is working (a decision queues the
+    resumed step); bounded, so that a lost step fails the test rather than hangs it."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while True:
+        got = await session.send_request(TasksGet(params=TaskParams(task_id=task_id)), DetailedTask)
+        if got.status != "working" or asyncio.get_running_loop().time() > deadline:
+            return got
+        await asyncio.sleep(0.1)
 
 
 def test_a_2026_client_with_the_tasks_extension_gets_the_answer_through_the_task(site: Site) -> None:
@@ -285,16 +291,7 @@ def test_a_2026_client_with_the_tasks_extension_gets_the_answer_through_the_task
 
             deciding = asyncio.ensure_future(reviewer())
             await deciding
-            # The decision queues the resumed step; a client polls tasks/get, as this one does,
-            # until the task has left "working" (bounded, so a lost step fails the test).
-            deadline = asyncio.get_running_loop().time() + 30
-            while True:
-                got = await client.session.send_request(
-                    TasksGet(params=TaskParams(task_id=created.task_id)), DetailedTask
-                )
-                if got.status != "working" or asyncio.get_running_loop().time() > deadline:
-                    break
-                await asyncio.sleep(0.1)
+            got = await ended_task(client.session, created.task_id)
             assert got.status == "completed" and got.result is not None
             return created, types.CallToolResult.model_validate(got.result, by_name=False)
 
