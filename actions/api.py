@@ -7,7 +7,7 @@ they did not exist. ``state`` appears in no response.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -421,19 +421,19 @@ async def settled_response(
     request: HttpRequest,
     act: Callable[[], int],
     *,
-    done: Callable[[Run], bool] = lambda run: run.is_settled,
+    done: Collection[str] = Run.SETTLED,
     describe: Callable[[HttpRequest, Run], dict[str, Any]] | None = None,
 ) -> Status[dict[str, Any]]:
     """Do ``act`` (it names the run: started, decided on, looked up), wait for that run to
     settle as `Prefer: wait` asks (asynchronously, on an event), then describe it: 200 once it
-    has, 202 while not. ``done`` says what settled means (an approval: decided, not paused);
+    has, 202 while not. ``done`` are the statuses it settles in (an approval: decided, not paused);
     ``describe`` how it is told (the run's description by default).
 
     Callers wait on the database row, the truth, not on a task result or a push
     (actions.web.waiting.settle)."""
 
     def respond(run: Run) -> Status[dict[str, Any]]:
-        return Status(200 if done(run) else 202, (describe or run_out)(request, run))
+        return Status(200 if run.status in done else 202, (describe or run_out)(request, run))
 
     return await waiting.settle(act, requested_wait(request), done, respond)
 
@@ -859,8 +859,8 @@ def approval_out(request: HttpRequest, run: Run) -> dict[str, Any]:
     }
 
 
-def approval_decided(run: Run) -> bool:
-    return run.is_finished
+# An approval is settled once decided (its run finished), not while it waits for the decision.
+APPROVAL_DECIDED = Run.FINISHED
 
 
 @api.post(
@@ -879,7 +879,7 @@ async def create_approval(request: HttpRequest, payload: ApprovalIn) -> Status[d
     return await started(
         request,
         lambda token: request_approval(token.team, token, **asked),
-        done=approval_decided,
+        done=APPROVAL_DECIDED,
         describe=approval_out,
     )
 
@@ -892,7 +892,7 @@ async def read_approval(request: HttpRequest, approval_id: int) -> Status[dict[s
     settled = await settled_response(
         request,
         lambda: get_run(token, approval_id, Run.Consumer.APPROVAL).pk,
-        done=approval_decided,
+        done=APPROVAL_DECIDED,
         describe=approval_out,
     )
     return Status(200, settled.value)

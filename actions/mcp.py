@@ -254,14 +254,10 @@ def _tasks_page(token: ApiToken, cursor: str) -> tuple[list[Run], str]:
     return history.page(runs, cursor, TASKS_PAGE)
 
 
-def _finished(run: Run) -> bool:
-    return run.is_finished
-
-
 async def _wait(run: Run, seconds: float | None) -> Run:
     from actions.web import waiting
 
-    return await waiting.wait_for(run.pk, seconds, _finished)
+    return await waiting.wait_for(run.pk, seconds, Run.FINISHED)
 
 
 # Handlers

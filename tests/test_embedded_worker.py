@@ -170,9 +170,7 @@ async def test_settle_reads_what_changed_before_it_joined_and_crosses_to_the_thr
         Run.objects.filter(pk=run.pk).update(status="completed")  # no signal: only a read finds it
         return run.pk
 
-    described = await waiting.settle(
-        completed_unannounced, 20, lambda it: it.is_settled, lambda it: it.status
-    )
+    described = await waiting.settle(completed_unannounced, 20, Run.SETTLED, lambda it: it.status)
     assert described == "completed" and crossings == ["first"]
     assert run.pk not in waiting._waiters
 
@@ -186,7 +184,7 @@ async def test_settle_reads_what_changed_before_it_joined_and_crosses_to_the_thr
 
     recorder = threading.Thread(target=the_engine_records_the_step)
     recorder.start()
-    described = await waiting.settle(lambda: run.pk, 20, lambda it: it.is_settled, lambda it: it.status)
+    described = await waiting.settle(lambda: run.pk, 20, Run.SETTLED, lambda it: it.status)
     recorder.join()
     assert described == "interrupted" and crossings == ["first", "read"]
     assert run.pk not in waiting._waiters
@@ -207,7 +205,7 @@ async def test_settle_without_a_wait_joins_nothing_and_a_cancelled_one_leaves_no
         joined.append(len(waiting._waiters.get(run.pk, ())))
         return run.pk
 
-    assert await waiting.settle(act, 0, lambda it: it.is_settled, lambda it: it.status) == "queued"
+    assert await waiting.settle(act, 0, Run.SETTLED, lambda it: it.status) == "queued"
     assert joined == [0] and run.pk not in waiting._waiters
 
     acting, go_on, tried_to_join = threading.Event(), threading.Event(), threading.Event()
@@ -224,7 +222,7 @@ async def test_settle_without_a_wait_joins_nothing_and_a_cancelled_one_leaves_no
         assert go_on.wait(10)
         return run.pk
 
-    request = asyncio.create_task(waiting.settle(slow_act, 20, lambda it: it.is_settled, lambda it: it))
+    request = asyncio.create_task(waiting.settle(slow_act, 20, Run.SETTLED, lambda it: it))
     assert await asyncio.to_thread(acting.wait, 10)
     request.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -246,6 +244,19 @@ async def test_a_waiting_request_is_woken_by_the_engines_signal_from_another_thr
         sender.join()
         assert not other.is_set(), "only the waiters of that run"
     assert 41 not in waiting._waiters and 42 not in waiting._waiters
+
+
+async def test_a_waiter_is_woken_only_by_a_change_to_a_status_it_waits_for() -> None:
+    """A start waits for its run to settle: the claim (queued to running) does not make it read
+    its run; the pause does."""
+    async with waiting.changes_of(43, Run.SETTLED) as settled, waiting.changes_of(43) as any_change:
+        journal.run_changed.send(Run, team_id=1, run_id=43, status="running", finished=False)
+        await asyncio.wait_for(any_change.wait(), timeout=2)
+        await asyncio.sleep(0.05)
+        assert not settled.is_set(), "the claim woke a waiter for the run to settle"
+        journal.run_changed.send(Run, team_id=1, run_id=43, status="interrupted", finished=False)
+        await asyncio.wait_for(settled.wait(), timeout=2)
+    assert 43 not in waiting._waiters
 
 
 def test_the_heartbeat_renews_only_the_leases_this_process_still_holds(team: Team) -> None:

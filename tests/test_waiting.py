@@ -14,7 +14,7 @@ import pytest
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from actions.engine import journal
+from actions.engine import journal, store
 from actions.models import Run, Team
 from actions.web import waiting
 
@@ -116,6 +116,38 @@ def test_a_committed_change_wakes_its_waiters_a_rolled_back_one_does_not(
             assert await woken(changed, 5), "the committed change did not wake its waiter"
             assert time.monotonic() - began < 1
             assert not unchanged.is_set(), "only the waiters of that run"
+
+    asyncio.run(wait())
+
+
+def test_a_notification_wakes_only_the_waiters_of_the_status_it_names(
+    team: Team, no_engine_signal: None
+) -> None:
+    """A request waiting for its run to settle is not made to read it by the run's claim
+    (queued to running), only by the change that may settle it. A notification without a status
+    (from a process of an earlier version, during a rolling upgrade) wakes every waiter."""
+    run = Run.objects.create(action="send_invoice", input={}, team=team, status="queued")
+    listening()
+
+    def bare_notification() -> None:
+        with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [store.RUN_CHANGED_CHANNEL, str(run.pk)])
+
+    async def wait() -> None:
+        async with (
+            waiting.changes_of(run.pk, Run.SETTLED) as settled,
+            waiting.changes_of(run.pk) as any_change,
+        ):
+            settled.clear()
+            any_change.clear()
+            await asyncio.to_thread(in_another_thread, lambda: set_status(run, "running", commit=True))
+            assert await woken(any_change, 5), "a waiter of every change was not woken"
+            assert not await woken(settled, 0.5), "the claim woke a waiter for the run to settle"
+            await asyncio.to_thread(in_another_thread, lambda: set_status(run, "interrupted", commit=True))
+            assert await woken(settled, 5), "the pause did not wake the waiter for the run to settle"
+            settled.clear()
+            await asyncio.to_thread(in_another_thread, bare_notification)
+            assert await woken(settled, 5), "a notification without a status woke nobody"
 
     asyncio.run(wait())
 

@@ -57,7 +57,8 @@ class InboxChange:
 class _Journal:
     events: list[list[Any]] = field(default_factory=list)
     changes: list[InboxChange] = field(default_factory=list)
-    runs_changed: dict[int, None] = field(default_factory=dict)  # ids, in order, once each
+    # The runs whose status changed, in order, once each, with the status each was left in.
+    runs_changed: dict[int, str] = field(default_factory=dict)
 
 
 # What the transaction open in atomic() writes besides its rows, written as it ends.
@@ -97,7 +98,7 @@ def atomic() -> Iterator[None]:
             keyed = idempotency.record(journal.events[0][0] if journal.events else None)
             store.insert_events(journal.events)
             if journal.runs_changed:
-                store.notify_runs_changed(list(journal.runs_changed))
+                store.notify_runs_changed(journal.runs_changed)
             if journal.changes:
                 _number(journal.changes)
     except BaseException:
@@ -195,9 +196,9 @@ def push_run_status(run: Run, status: str) -> None:
     finished = status in Run.FINISHED
     journal = _journal.get()
     if journal is not None:
-        journal.runs_changed[run.pk] = None
+        journal.runs_changed[run.pk] = status
     else:
-        store.notify_runs_changed([run.pk])
+        store.notify_runs_changed({run.pk: status})
     transaction.on_commit(
         lambda: run_changed.send(Run, team_id=run.team_id, run_id=run.pk, status=status, finished=finished),
         robust=True,

@@ -638,16 +638,17 @@ def renew_leases(held: dict[int, int], lease_expires_at: datetime) -> int:
 RUN_CHANGED_CHANNEL = "grundlag_run_changed"
 
 
-def notify_runs_changed(run_ids: list[int]) -> None:
-    """In the open transaction: have PostgreSQL tell its listeners that these runs changed,
-    when (and only if) the transaction commits; one statement. Nothing on other databases:
-    there the engine's in-process signal is the only wake-up (the embedded setup is one
-    process)."""
+def notify_runs_changed(statuses: dict[int, str]) -> None:
+    """In the open transaction: have PostgreSQL tell its listeners that these runs changed, and
+    to which status (``id:status``), when (and only if) the transaction commits; one statement.
+    Nothing on other databases: there the engine's in-process signal is the only wake-up (the
+    embedded setup is one process)."""
     connection = _db()
-    if connection.vendor != "postgresql" or not run_ids:
+    if connection.vendor != "postgresql" or not statuses:
         return
     with _cursor(connection) as cursor:
         cursor.execute(
-            "SELECT pg_notify(%s, run_id::text) FROM unnest(%s::bigint[]) AS run_id",
-            [RUN_CHANGED_CHANNEL, run_ids],
+            "SELECT pg_notify(%s, run_id::text || ':' || status) "
+            "FROM unnest(%s::bigint[], %s::text[]) AS changed(run_id, status)",
+            [RUN_CHANGED_CHANNEL, list(statuses), list(statuses.values())],
         )

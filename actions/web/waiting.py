@@ -3,11 +3,15 @@ run changes, then reads the row, which stays the truth.
 
 - A change made in this process (the embedded server's steps, a decision through this server)
   sends the engine's run_changed signal here, after commit.
-- On PostgreSQL, every change of a run's status also NOTIFYs the run's id in the transaction
-  that makes it (actions.engine.store.notify_runs_changed): the database delivers it as that
-  transaction commits, and never if it rolls back. One connection per web process LISTENs
-  (``_Listener``) and wakes the requests waiting on that run, whichever process made the
-  change (a Celery worker of the scaled setup, another daphne).
+- On PostgreSQL, every change of a run's status also NOTIFYs the run's id and new status in
+  the transaction that makes it (actions.engine.store.notify_runs_changed): the database
+  delivers it as that transaction commits, and never if it rolls back. One connection per web
+  process LISTENs (``_Listener``) and wakes the requests waiting on that run, whichever process
+  made the change (a Celery worker of the scaled setup, another daphne).
+
+A request is woken only by a change to a status it waits for (a start waits for the run to
+settle: its claim, queued to running, wakes nobody), so it reads its run once per change that
+may end its wait, not once per change.
 
 Should a wake-up be lost, the waiter's timeout is a poll that still finds the change: slow
 (settings.GRUNDLAG_WAIT_POLL_SECONDS) while every change reaches this process, fast while one
@@ -25,7 +29,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -41,37 +45,47 @@ logger = logging.getLogger(__name__)
 # The listening connection's name in PostgreSQL (pg_stat_activity.application_name).
 APPLICATION_NAME = "grundlag-listen"
 
-_waiters: dict[int, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+# A waiter: its request's loop, the event it waits on, and the statuses it waits for (None: any).
+_Entry = tuple[asyncio.AbstractEventLoop, asyncio.Event, frozenset[str] | None]
+
+_waiters: dict[int, set[_Entry]] = {}
 _lock = threading.Lock()
 
 
-def on_run_changed(sender: Any, *, run_id: int, **kwargs: Any) -> None:
+def on_run_changed(sender: Any, *, run_id: int, status: str, **kwargs: Any) -> None:
     """The engine's run_changed signal, from whichever thread committed the change."""
-    _wake(_waiters_of([run_id]))
+    _wake(_waiters_of([(run_id, status)]))
 
 
-def _waiters_of(run_ids: Iterable[int] | None) -> list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]:
-    """The waiters on these runs (None: on any run)."""
+def _waiters_of(changes: Iterable[tuple[int, str | None]] | None) -> list[_Entry]:
+    """The waiters these changes (a run, the status it changed to; None: unknown) may concern;
+    None: every waiter."""
     with _lock:
-        if run_ids is None:
+        if changes is None:
             return [entry for entries in _waiters.values() for entry in entries]
-        return [entry for run_id in run_ids for entry in _waiters.get(run_id, ())]
+        return [
+            entry
+            for run_id, status in changes
+            for entry in _waiters.get(run_id, ())
+            if status is None or entry[2] is None or status in entry[2]
+        ]
 
 
-def _wake(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]) -> None:
-    for loop, event in waiters:
+def _wake(waiters: list[_Entry]) -> None:
+    for loop, event, _statuses in waiters:
         # A closed loop (the server is stopping) has nobody waiting any more.
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(event.set)
 
 
 class _Waiter:
-    """A request waiting on a run: woken (its event set, on its loop) by the run's changes
-    once it has joined, from whichever thread joins it."""
+    """A request waiting on a run: woken (its event set, on its loop) by the run's changes to
+    one of ``statuses`` (None: to any) once it has joined, from whichever thread joins it."""
 
-    def __init__(self) -> None:
+    def __init__(self, statuses: Collection[str] | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         self.changed = asyncio.Event()
+        self.entry: _Entry = (self.loop, self.changed, None if statuses is None else frozenset(statuses))
         self.run_id: int | None = None
         self.left = False
 
@@ -82,7 +96,7 @@ class _Waiter:
         with _lock:
             if self.left:
                 return
-            _waiters.setdefault(run_id, set()).add((self.loop, self.changed))
+            _waiters.setdefault(run_id, set()).add(self.entry)
             self.run_id = run_id
 
     def leave(self) -> None:
@@ -92,16 +106,17 @@ class _Waiter:
                 return
             waiting = _waiters.get(self.run_id)
             if waiting is not None:
-                waiting.discard((self.loop, self.changed))
+                waiting.discard(self.entry)
                 if not waiting:
                     del _waiters[self.run_id]
 
 
 @asynccontextmanager
-async def changes_of(run_id: int) -> AsyncIterator[asyncio.Event]:
-    """An event set whenever the run changes while the block runs (clear it before reading).
-    Joined before the block starts, so a change after the block's first read is never missed."""
-    waiter = _Waiter()
+async def changes_of(run_id: int, statuses: Collection[str] | None = None) -> AsyncIterator[asyncio.Event]:
+    """An event set whenever the run changes (to one of ``statuses``; None: to any) while the
+    block runs (clear it before reading). Joined before the block starts, so a change after the
+    block's first read is never missed."""
+    waiter = _Waiter(statuses)
     waiter.join(run_id)
     try:
         yield waiter.changed
@@ -123,13 +138,13 @@ _NOT_YET: Any = object()
 async def settle(
     act: Callable[[], int],
     seconds: float | None,
-    done: Callable[[Run], bool],
+    done: Collection[str],
     describe: Callable[[Run], T],
 ) -> T:
     """Do ``act`` (which names a run: the one it started, decided on, or looked up), then wait
-    for that run: its description once ``done`` says so of it, or once ``seconds`` have passed
-    (None: no limit; 0: at once). Woken by the run's changes, read again should a wake-up be
-    lost.
+    for that run: its description once its status is one of ``done``, or once ``seconds`` have
+    passed (None: no limit; 0: at once). Woken by the run's changes to those statuses, read
+    again should a wake-up be lost.
 
     The waiter joins right after ``act``, before the first read, so a change after that read is
     never missed. ``act``, the reads and the description run in the request's thread, each
@@ -138,12 +153,12 @@ async def settle(
     interpreter, behind the step a busy server is running)."""
     deadline: float | None = None  # from the change on, as before there was one to wait for
     fast = FAST_POLL_SECONDS[0]
-    waiter = _Waiter()
+    waiter = _Waiter(done)
 
     def read(run_id: int) -> T:
         run = Run.objects.get(pk=run_id)
         timed_out = deadline is not None and deadline - time.monotonic() <= 0
-        return describe(run) if done(run) or timed_out else _NOT_YET
+        return describe(run) if run.status in done or timed_out else _NOT_YET
 
     def first() -> T:
         nonlocal deadline
@@ -172,9 +187,9 @@ async def settle(
         waiter.leave()
 
 
-async def wait_for(run_id: int, seconds: float | None, done: Callable[[Run], bool]) -> Run:
-    """The run, read once ``done`` says so of it, or once ``seconds`` have passed (None: no
-    limit): ``settle`` with nothing to do first."""
+async def wait_for(run_id: int, seconds: float | None, done: Collection[str]) -> Run:
+    """The run, read once its status is one of ``done``, or once ``seconds`` have passed
+    (None: no limit): ``settle`` with nothing to do first."""
     return await settle(lambda: run_id, seconds, done, lambda run: run)
 
 
@@ -262,7 +277,7 @@ class _Listener:
                     while not cls._stopping.is_set():
                         for note in conn.notifies(timeout=cls.STOP_CHECK_SECONDS):
                             with contextlib.suppress(ValueError):
-                                _wake(_waiters_of([int(note.payload)]))
+                                _wake(_waiters_of([_parsed(note.payload)]))
                         if time.monotonic() - checked > cls.KEEPALIVE_SECONDS:
                             conn.execute("SELECT 1")
                             checked = time.monotonic()
@@ -278,3 +293,10 @@ class _Listener:
                 _wake(_waiters_of(None))  # they poll fast until the connection is back
             cls._stopping.wait(backoff)
             backoff = min(backoff * 2, cls.MAX_BACKOFF_SECONDS)
+
+
+def _parsed(payload: str) -> tuple[int, str | None]:
+    """A notification's run id and status (``id:status``; a bare id, from a process of an
+    earlier version during a rolling upgrade, wakes every waiter of the run). Raises ValueError."""
+    run_id, _, status = payload.partition(":")
+    return int(run_id), status or None
