@@ -7,6 +7,8 @@ import importlib
 import os
 import signal
 import sys
+import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from django.test import Client
 from django.utils import timezone
 
 from actions import engine, notify
-from actions.models import Fanout, Run, RunEvent, Team, Webhook
+from actions.models import Fanout, Notification, Run, RunEvent, Team, Webhook
 from actions.notify.process import Notifier
 from tests.integration.processes import wait_for
 from tests.test_webhooks import registered
@@ -56,6 +58,49 @@ def test_a_commits_dispatch_tells_the_runs_it_names_and_the_round_tells_the_rest
     assert notify.dispatch([first.pk]) == 0, "told once"
     assert dispatch.MissedEvents()() == 1, "the periodic round finds what no dispatch told"
     assert sorted(told_runs(receiver, secret)) == sorted([first.pk, second.pk])
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("steps")
+def test_dispatches_of_the_same_run_at_once_work_out_its_event_once(
+    client: Client,
+    token_key: str,
+    team: Team,
+    reviewer: User,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The notifications' worker runs a dispatch per commit that asked, in several threads: two
+    of the same run take turns, and the second finds the event told, rather than working it out
+    again only to lose the race for its Fanout row."""
+    secret = registered(client, token_key, receiver.url, ["interrupt.created"])["secret"]
+    run = a_run(team, reviewer, "D-1")
+    worked_out: list[int] = []
+    fan_out = dispatch.fan_out
+
+    def slow_fan_out(event: RunEvent) -> list[Notification]:
+        worked_out.append(event.pk)
+        time.sleep(0.3)  # time for the other dispatch to reach the same event
+        notifications: list[Notification] = fan_out(event)
+        return notifications
+
+    monkeypatch.setattr(dispatch, "fan_out", slow_fan_out)
+    made: list[int] = []
+
+    def dispatch_in_a_thread() -> None:
+        try:
+            made.append(notify.dispatch([run.pk]))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=dispatch_in_a_thread) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(made) == [0, 1], "one notification, made by one of them"
+    assert len(worked_out) == 1, "the event was worked out by both"
+    assert told_runs(receiver, secret) == [run.pk]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -6,7 +6,8 @@ import functools
 import json
 import logging
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -259,6 +260,24 @@ def _digest_slot() -> Any:
     return now + timedelta(seconds=period - now.timestamp() % period)
 
 
+# Dispatches of the same run in this process take turns (the notifications' worker runs one
+# per commit that asked, in several threads, and a run's start, pause, decision and end follow
+# each other closely): each then finds only what the one before it left, rather than working out
+# the same events to lose the race for their Fanout rows, and a run's events are told in order.
+# Striped: a lock per run would have to be forgotten again.
+_TURNS = [threading.RLock() for _ in range(64)]
+
+
+@contextmanager
+def _turn_of(runs: Collection[int] | None) -> Iterator[None]:
+    """Hold the turn of these runs' dispatches here (None: every run; that round takes none, and
+    the Fanout row still keeps an event from being told twice, here or in another process)."""
+    with ExitStack() as held:
+        for stripe in sorted({run_id % len(_TURNS) for run_id in runs or ()}):
+            held.enter_context(_TURNS[stripe])
+        yield
+
+
 def dispatch(runs: Collection[int] | None = None, *, after_id: int = 0) -> int:
     """Fan out the recent events not yet fanned out, oldest first; how many notifications were
     made. ``runs``: only those runs' events (what a commit asked for: found by the runs'
@@ -266,6 +285,11 @@ def dispatch(runs: Collection[int] | None = None, *, after_id: int = 0) -> int:
     once: each event is taken by one (its Fanout row)."""
     from actions.notify.delivery import schedule
 
+    with _turn_of(runs):
+        return _dispatch(runs, after_id, schedule)
+
+
+def _dispatch(runs: Collection[int] | None, after_id: int, schedule: Callable[[int], None]) -> int:
     made = 0
     events = RunEvent.objects.filter(
         at__gte=timezone.now() - LOOKBACK, kind__in=list(TYPES), fanout__isnull=True
