@@ -348,9 +348,14 @@ def run_out(request: HttpRequest, run: Run, *, transcript: bool = False) -> dict
     if transcript:
         interrupts = list(run.interrupts.order_by("seq").prefetch_related("approvals__user"))
         pending = next((it for it in interrupts if it.status == Interrupt.Status.PENDING), None)
-    else:  # the one it waits on, without its checkpoint (never shown) or the rest
+    elif run.status == Run.Status.INTERRUPTED:
+        # The one it waits on, without its checkpoint (never shown) or the rest. Only while it
+        # is interrupted: its interrupts are recorded with that status, and it moves on only
+        # once none is left pending.
         waiting_on = run.interrupts.filter(status=Interrupt.Status.PENDING).defer("state")
         pending = waiting_on.order_by("seq").first()
+    else:
+        pending = None
     body: dict[str, Any] = {
         **run_fields(run),
         "interrupt": interrupt_out(request, pending) if pending else None,

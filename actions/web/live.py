@@ -71,12 +71,16 @@ def inbox_frames(changes: list[InboxChange]) -> list[dict[str, Any]]:
     """The frames of a transaction's inbox changes: a row rendered once per change that leaves
     it in an inbox, with one query for all of them."""
     shown = [change.interrupt_id for change in changes if change.after]
-    rows = {
-        it.pk: it
-        for it in Interrupt.objects.filter(pk__in=shown)
-        .select_related("run", "team", "escalate_to")
-        .annotate(approval_count=Count("approvals", filter=Q(approvals__superseded_at=None)))
-    }
+    rows = (
+        {
+            it.pk: it
+            for it in Interrupt.objects.filter(pk__in=shown)
+            .select_related("run", "team", "escalate_to")
+            .annotate(approval_count=Count("approvals", filter=Q(approvals__superseded_at=None)))
+        }
+        if shown
+        else {}  # rows that only leave inboxes (a decision): nothing to read or render
+    )
     frames = []
     for change in changes:
         row = rows.get(change.interrupt_id)
