@@ -11,6 +11,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -101,6 +102,27 @@ def test_dispatches_of_the_same_run_at_once_work_out_its_event_once(
     assert sorted(made) == [0, 1], "one notification, made by one of them"
     assert len(worked_out) == 1, "the event was worked out by both"
     assert told_runs(receiver, secret) == [run.pk]
+
+
+def test_the_commits_of_the_gathering_time_are_fanned_out_as_one_task(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """A run's pause, decision and end follow each other within milliseconds: what a process's
+    commits ask for within GRUNDLAG_DISPATCH_GATHER_SECONDS goes to the `notify` queue as one
+    task, not one each."""
+    from actions.notify import delivery
+
+    settings.GRUNDLAG_DISPATCH_GATHER_SECONDS = 0.3
+    sent: list[list[int] | None] = []
+    monkeypatch.setattr(dispatch, "_send", sent.append)
+    monkeypatch.setattr(delivery, "_eager", lambda: False)  # as a worker or daphne runs it
+    monkeypatch.setattr(dispatch, "_wanted_runs", set())  # not what eager tests left asked for
+    dispatch.dispatch_soon(runs=[7])
+    dispatch.dispatch_soon(run_id=5)
+    time.sleep(0.05)
+    dispatch.dispatch_soon(runs=[6])
+    delivery._background.submit(lambda: None).result(timeout=10)  # the dispatch thread is done
+    assert sent == [[5, 6, 7]]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -6,6 +6,7 @@ import functools
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import timedelta
@@ -438,6 +439,11 @@ def _dispatch_wanted() -> None:
             return  # one is running; it sees _wanted set, and goes round again
         try:
             while _wanted.is_set():
+                # What the commits that follow within the gathering time ask for goes along:
+                # a run's pause, decision and end are one dispatch, not three tasks, each taking
+                # CPU from the steps and requests that are waited for.
+                if (gather := settings.GRUNDLAG_DISPATCH_GATHER_SECONDS) > 0:
+                    time.sleep(gather)
                 _wanted.clear()
                 with _wanted_lock:
                     runs = set(_wanted_runs)
