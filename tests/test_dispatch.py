@@ -17,6 +17,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from actions import engine, notify
@@ -79,10 +80,10 @@ def test_dispatches_of_the_same_run_at_once_work_out_its_event_once(
     worked_out: list[int] = []
     fan_out = dispatch.fan_out
 
-    def slow_fan_out(event: RunEvent) -> list[Notification]:
+    def slow_fan_out(event: RunEvent, subscribers: Any = None) -> list[Notification]:
         worked_out.append(event.pk)
         time.sleep(0.3)  # time for the other dispatch to reach the same event
-        notifications: list[Notification] = fan_out(event)
+        notifications: list[Notification] = fan_out(event, subscribers)
         return notifications
 
     monkeypatch.setattr(dispatch, "fan_out", slow_fan_out)
@@ -102,6 +103,26 @@ def test_dispatches_of_the_same_run_at_once_work_out_its_event_once(
     assert sorted(made) == [0, 1], "one notification, made by one of them"
     assert len(worked_out) == 1, "the event was worked out by both"
     assert told_runs(receiver, secret) == [run.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("steps")
+def test_a_dispatch_reads_the_teams_webhooks_and_routing_once_for_all_its_events(
+    client: Client, token_key: str, team: Team, reviewer: User, receiver: Receiver
+) -> None:
+    """A run's pause, decision and end, fanned out together: each is told, and the team's
+    webhooks and routing are read once, not once per event."""
+    secret = registered(client, token_key, receiver.url)["secret"]
+    run = a_run(team, reviewer, "D-1")
+    (interrupt,) = engine.pending_interrupts(run.pk)
+    engine.resume(interrupt, {"approved": True}, reviewer)
+    with CaptureQueriesContext(connection) as queries:
+        assert notify.dispatch([run.pk]) == 3
+    reads = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT")]
+    assert sum('FROM "actions_webhook"' in sql for sql in reads) == 1
+    assert sum('FROM "actions_teamchannels"' in sql for sql in reads) == 1
+    bodies = receiver.verified(secret)
+    assert [body["type"] for body in bodies] == ["interrupt.created", "interrupt.decided", "run.finished"]
 
 
 def test_the_commits_of_the_gathering_time_are_fanned_out_as_one_task(

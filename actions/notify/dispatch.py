@@ -88,11 +88,36 @@ def run_data(run: Run) -> dict[str, Any]:
     return {**run_fields(run), "team": run.team.slug, "url": absolute(run.get_absolute_url())}
 
 
-def fan_out(event: RunEvent) -> list[Notification]:
+class Subscribers:
+    """The teams' webhooks and routing, read once for all the events of one dispatch (mostly one
+    run's, one team's: its pause, decision and end)."""
+
+    def __init__(self) -> None:
+        self._hooks: dict[tuple[int, ...], list[Webhook]] = {}
+        self._routing: dict[int, TeamChannels] = {}
+
+    def hooks(self, team_ids: list[int], at: Any) -> list[Webhook]:
+        """The teams' webhooks in force: a webhook hears of what happened after it was
+        registered, not the day before."""
+        key = tuple(sorted(team_ids))
+        if key not in self._hooks:
+            self._hooks[key] = list(Webhook.objects.filter(team_id__in=key, disabled_at=None).order_by("pk"))
+        return [hook for hook in self._hooks[key] if hook.created_at <= at]
+
+    def routing(self, team_id: int) -> TeamChannels:
+        if team_id not in self._routing:
+            self._routing[team_id] = TeamChannels.objects.filter(team_id=team_id).first() or TeamChannels(
+                team_id=team_id
+            )
+        return self._routing[team_id]
+
+
+def fan_out(event: RunEvent, subscribers: Subscribers | None = None) -> list[Notification]:
     """The event's notifications, not yet saved (the caller saves them with its Fanout row)."""
     kind = event_type(event)
     if kind is None:
         return []
+    subscribers = subscribers or Subscribers()
     it: Interrupt | None = None
     if kind.startswith("interrupt."):
         assert event.interrupt_id is not None  # the interrupt's own events name it
@@ -119,15 +144,13 @@ def fan_out(event: RunEvent) -> list[Notification]:
             )
         )
 
-    # A webhook hears of what happened after it was registered, not the day before.
-    hooks = Webhook.objects.filter(team_id__in=team_ids, disabled_at=None, created_at__lte=event.at)
-    for hook in hooks:
+    for hook in subscribers.hooks(team_ids, event.at):
         if kind in hook.events:
             notify(Notification.Channel.WEBHOOK, f"w{hook.pk}", body, webhook=hook)
     if it is not None and kind == "interrupt.commented":
         _to_mentioned(it, event, body, notify)
     elif it is not None:
-        _to_people(it, kind, body, notify)
+        _to_people(it, kind, body, notify, subscribers.routing)
     elif settings.SLACK_BOT_TOKEN:
         # Its end cancelled what was still asked in Slack (posted, or being posted): those
         # messages say so.
@@ -146,16 +169,14 @@ def _asked_in_slack(it: Interrupt) -> bool:
     )
 
 
-def _routing(team_id: int) -> TeamChannels:
-    return TeamChannels.objects.filter(team_id=team_id).first() or TeamChannels(team_id=team_id)
-
-
-def _to_people(it: Interrupt, kind: str, body: dict[str, Any], notify: Any) -> None:
+def _to_people(
+    it: Interrupt, kind: str, body: dict[str, Any], notify: Any, routing_of: Callable[[int], TeamChannels]
+) -> None:
     """Mail and Slack: to those who may decide it (its assignees, when it names any), or for a
     decision to whoever asked; routed by the team's choice of events and each person's."""
     # Escalated: the team it went to hears of it, with that team's routing.
     team_id = it.escalate_to_id if kind == "interrupt.escalated" and it.escalate_to_id else it.team_id
-    routing = _routing(team_id)
+    routing = routing_of(team_id)
     people = _people(it, kind, [team_id] if kind == "interrupt.escalated" else it.team_ids)
     if kind in routing.email_events:
         for user in people:
@@ -292,6 +313,7 @@ def dispatch(runs: Collection[int] | None = None, *, after_id: int = 0) -> int:
 
 def _dispatch(runs: Collection[int] | None, after_id: int, schedule: Callable[[int], None]) -> int:
     made = 0
+    subscribers = Subscribers()
     events = RunEvent.objects.filter(
         at__gte=timezone.now() - LOOKBACK, kind__in=list(TYPES), fanout__isnull=True
     )
@@ -308,7 +330,7 @@ def _dispatch(runs: Collection[int] | None, after_id: int, schedule: Callable[[i
         if Fanout.objects.filter(event=event).exists():
             continue  # told meanwhile by another dispatcher: not worked out twice
         try:
-            notifications = fan_out(event)
+            notifications = fan_out(event, subscribers)
         except (OperationalError, InterfaceError):
             raise  # the database went away: this round stops, and the next one tells it
         except Exception:
