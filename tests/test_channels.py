@@ -140,7 +140,8 @@ def test_a_digest_sends_the_periods_mails_as_one(team: Team, people: dict[str, U
 
 def test_a_mail_no_longer_for_its_recipient_is_not_sent(team: Team, people: dict[str, User]) -> None:
     """Chosen when the event was told, sent an hour later (a digest): by then one person has
-    left the team, and one approval was decided. Those are not sent, and say why."""
+    left the team, and one approval was decided. Those are not sent, and say why (the first
+    reason found: a decision made meanwhile, which needs no query, before the membership)."""
     Preferences.objects.create(user=people["reviewer"], email_digest=True)
     Preferences.objects.create(user=people["second"], email_digest=True)
     start(team, invoice_id="STILL-1", amount=1)
@@ -158,7 +159,7 @@ def test_a_mail_no_longer_for_its_recipient_is_not_sent(team: Team, people: dict
     )
     assert reasons == [
         "not sent: it was rejected meanwhile",
-        "not sent: the recipient is no longer in the interrupt's team",
+        "not sent: it was rejected meanwhile",  # also no longer in the team
         "not sent: the recipient is no longer in the interrupt's team",
     ]
 

@@ -34,19 +34,22 @@ def still_for(notification: Notification) -> str:
         return ""
     if not user.is_active:
         return "the recipient's account is disabled"
+    interrupt = notification.event.interrupt if notification.event is not None else None
+    # What needs no query first: a request for a decision that was made meanwhile.
+    if interrupt is not None and notification.type in ASKS_DECISION and not interrupt.is_pending:
+        return f"it was {interrupt.status} meanwhile"
     prefs = Preferences.objects.filter(user=user).first()
     if notification.channel == Notification.Channel.EMAIL and prefs is not None and not prefs.email:
         return "the recipient turned mail off"
-    interrupt = notification.event.interrupt if notification.event is not None else None
     if interrupt is None:
         return ""
     if not Team.objects.filter(pk__in=interrupt.team_ids, members=user).exists():
         return "the recipient is no longer in the interrupt's team"
-    if notification.type in ASKS_DECISION:
-        if not interrupt.is_pending:
-            return f"it was {interrupt.status} meanwhile"
-        if interrupt.approvals.filter(user=user, superseded_at=None).exists():
-            return "the recipient has approved it already"
+    if (
+        notification.type in ASKS_DECISION
+        and interrupt.approvals.filter(user=user, superseded_at=None).exists()
+    ):
+        return "the recipient has approved it already"
     return ""
 
 

@@ -53,10 +53,10 @@ def retry_delay(attempts: int) -> timedelta:
 
 def _claim(notification_id: int) -> Notification | None:
     now = timezone.now()
-    with transaction.atomic():
-        claimed = Notification.objects.filter(
-            pk=notification_id, outcome=Outcome.PENDING, next_attempt_at__lte=now
-        ).update(next_attempt_at=now + send_lease(), attempts=F("attempts") + 1)
+    # One statement, atomic as it is: the sender that matched the row has it for the lease.
+    claimed = Notification.objects.filter(
+        pk=notification_id, outcome=Outcome.PENDING, next_attempt_at__lte=now
+    ).update(next_attempt_at=now + send_lease(), attempts=F("attempts") + 1)
     if not claimed:
         return None  # delivered, given up, not due, or being sent
     return Notification.objects.select_related("webhook", "recipient", "event__interrupt").get(
