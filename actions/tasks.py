@@ -60,9 +60,19 @@ def dispatch_events(run_ids: list[int] | None = None) -> int:
 
 @shared_task(name="actions.tasks.deliver_notification")
 def deliver_notification(notification_id: int) -> None:
+    """One notification (what a sender of an earlier version queued; see deliver_notifications)."""
     from actions import notify
 
     notify.deliver(notification_id)
+
+
+@shared_task(name="actions.tasks.deliver_notifications")
+def deliver_notifications(notification_ids: list[int]) -> None:
+    """Several notifications, one after another (an event's mails or Slack messages). One that
+    fails is left to its retry, and the others are still sent."""
+    from actions.notify.delivery import deliver_each
+
+    deliver_each(notification_ids)
 
 
 @shared_task(name="actions.tasks.notify")

@@ -294,6 +294,7 @@ CELERY_TASK_QUEUES: dict[str, dict[str, Any]] = {"celery": {}, "notify": {}}
 CELERY_TASK_ROUTES = {
     "actions.tasks.dispatch": {"queue": "notify"},
     "actions.tasks.deliver_notification": {"queue": "notify"},
+    "actions.tasks.deliver_notifications": {"queue": "notify"},
     "actions.tasks.notify": {"queue": "notify"},
 }
 # Longer than the longest step: Redis redelivers an unacknowledged message after this.

@@ -82,6 +82,41 @@ def test_a_new_approval_mails_everyone_who_may_decide_it_in_text_and_html(
     assert "state" not in str(Notification.objects.values_list("payload", flat=True))
 
 
+def test_a_big_teams_mails_go_in_a_few_tasks_and_a_webhook_in_one_of_its_own(
+    client: Client,
+    token_key: str,
+    team: Team,
+    people: dict[str, User],
+    receiver: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker delivers an event's mails DELIVERY_BATCH at a time, one after another; a webhook
+    alone, so that an endpoint slow to answer holds up no mail. Every one is sent."""
+    from actions.notify import delivery
+    from actions.tasks import deliver_notifications
+    from tests.test_webhooks import registered
+
+    for n in range(3, 26):  # with the fixture's two reviewers, 25 to mail
+        member = User.objects.create_user(f"member{n}", email=f"member{n}@example.com")
+        team.members.add(member)
+    hook = registered(client, token_key, receiver.url, ["interrupt.created"])
+    batches: list[list[int]] = []
+    send = deliver_notifications.apply_async
+
+    def sent(args: tuple[list[int]], **options: Any) -> Any:
+        batches.append(list(args[0]))
+        return send(args, **options)
+
+    monkeypatch.setattr(deliver_notifications, "apply_async", sent)
+    start(team)
+    told()
+    webhook_ids = set(Notification.objects.filter(webhook_id=hook["id"]).values_list("pk", flat=True))
+    assert len(webhook_ids) == 1 and batches[0] == sorted(webhook_ids), "the webhook first, alone"
+    assert [len(batch) for batch in batches[1:]] == [delivery.DELIVERY_BATCH, 25 - delivery.DELIVERY_BATCH]
+    assert len(mail.outbox) == 25 and len(receiver.verified(hook["secret"])) == 1
+    assert set(Notification.objects.values_list("outcome", flat=True)) == {"delivered"}
+
+
 def test_assigned_approvals_mail_the_assignees_only_and_mail_off_is_respected(
     team: Team, people: dict[str, User]
 ) -> None:

@@ -13,7 +13,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import timedelta
 
@@ -165,9 +165,10 @@ def deliver_due(limit: int = 200) -> int:
     their senders; how many."""
     rows = Notification.objects.filter(outcome=Outcome.PENDING, next_attempt_at__lte=timezone.now())
     due = []
+    hooks = set()
     digests: set[int | None] = set()
-    for pk, digest, recipient_id in rows.order_by("next_attempt_at", "pk").values_list(
-        "pk", "digest", "recipient_id"
+    for pk, digest, recipient_id, channel in rows.order_by("next_attempt_at", "pk").values_list(
+        "pk", "digest", "recipient_id", "channel"
     )[:limit]:
         # A person's digest is sent by one sender, which takes the others due with it: two
         # senders would each take some, and the digest would come in pieces.
@@ -176,8 +177,9 @@ def deliver_due(limit: int = 200) -> int:
                 continue
             digests.add(recipient_id)
         due.append(pk)
-    for pk in due:
-        schedule(pk)
+        if channel == Notification.Channel.WEBHOOK:
+            hooks.add(pk)
+    schedule_all(due, alone=hooks)
     return len(due)
 
 
@@ -205,19 +207,48 @@ def _eager() -> bool:
 
 
 def schedule(notification_id: int) -> None:
+    schedule_all([notification_id])
+
+
+# A Celery task delivers this many of an event's mails or Slack messages, one after another: a
+# big team's "new approval" is a few tasks, not one per reviewer. A webhook goes in a task of
+# its own, so that an endpoint that is slow to answer holds up no other.
+DELIVERY_BATCH = 20
+
+
+def schedule_all(notification_ids: list[int], *, alone: Collection[int] = ()) -> None:
+    """Hand these notifications to their senders; ``alone`` are those (webhooks) a Celery worker
+    is to send in a task of their own."""
     if (notifier := process.current) is not None:
-        notifier.deliver(notification_id)
+        for notification_id in notification_ids:
+            notifier.deliver(notification_id)
         return
     if (pool := _pool) is not None:
-        with contextlib.suppress(RuntimeError):  # stopping: it stays pending; the next start sends it
-            pool.submit(_deliver_here, notification_id)
+        with contextlib.suppress(RuntimeError):  # stopping: they stay pending; the next start sends them
+            for notification_id in notification_ids:
+                pool.submit(_deliver_here, notification_id)
         return
-    from actions.tasks import deliver_notification
+    from actions.tasks import deliver_notifications
 
-    try:
-        deliver_notification.apply_async((notification_id,))
-    except Exception:
-        logger.warning("notification %s stays pending: the broker refused it", notification_id, exc_info=True)
+    together = [pk for pk in notification_ids if pk not in alone]
+    batches = [[pk] for pk in notification_ids if pk in alone] + [
+        together[n : n + DELIVERY_BATCH] for n in range(0, len(together), DELIVERY_BATCH)
+    ]
+    for batch in batches:
+        try:
+            deliver_notifications.apply_async((batch,))
+        except Exception:
+            logger.warning("notifications %s stay pending: the broker refused them", batch, exc_info=True)
+
+
+def deliver_each(notification_ids: list[int]) -> None:
+    """Deliver these one after another. One that fails (its claim taken, it is sent again once
+    that runs out: the periodic round) does not stop the others."""
+    for notification_id in notification_ids:
+        try:
+            deliver(notification_id)
+        except Exception:
+            logger.exception("notification %s: delivery failed; the periodic round retries", notification_id)
 
 
 def _deliver_here(notification_id: int) -> None:

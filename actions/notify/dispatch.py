@@ -305,13 +305,13 @@ def dispatch(runs: Collection[int] | None = None, *, after_id: int = 0) -> int:
     made. ``runs``: only those runs' events (what a commit asked for: found by the runs'
     index, however long the log); ``after_id``: only events after it. Safe to run anywhere at
     once: each event is taken by one (its Fanout row)."""
-    from actions.notify.delivery import schedule
+    from actions.notify.delivery import schedule_all
 
     with _turn_of(runs):
-        return _dispatch(runs, after_id, schedule)
+        return _dispatch(runs, after_id, schedule_all)
 
 
-def _dispatch(runs: Collection[int] | None, after_id: int, schedule: Callable[[int], None]) -> int:
+def _dispatch(runs: Collection[int] | None, after_id: int, schedule_all: Callable[..., None]) -> int:
     made = 0
     subscribers = Subscribers()
     events = RunEvent.objects.filter(
@@ -342,8 +342,9 @@ def _dispatch(runs: Collection[int] | None, after_id: int, schedule: Callable[[i
             with transaction.atomic():
                 Fanout.objects.create(event=event)
                 # One insert for a big team's notifications, not one each.
-                for notification in Notification.objects.bulk_create(notifications):
-                    transaction.on_commit(functools.partial(schedule, notification.pk))
+                made_now = Notification.objects.bulk_create(notifications)
+                hooks = {n.pk for n in made_now if n.channel == Notification.Channel.WEBHOOK}
+                transaction.on_commit(functools.partial(schedule_all, [n.pk for n in made_now], alone=hooks))
         except IntegrityError:
             continue  # another dispatcher took it
         made += len(notifications)

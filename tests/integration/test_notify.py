@@ -85,7 +85,7 @@ def test_notifications_go_through_workers_of_their_own_queue(scaled_site: Site, 
     steps_log = (scaled_site.log_dir / "worker-steps.log").read_text()
     notify_log = (scaled_site.log_dir / "worker-notify.log").read_text()
     assert "actions.tasks.run_step" in steps_log
-    for task in ("actions.tasks.dispatch", "actions.tasks.deliver_notification"):
+    for task in ("actions.tasks.dispatch", "actions.tasks.deliver_notifications"):
         assert f"Task {task}[" in notify_log, task
         assert f"Task {task}[" not in steps_log, task
 
