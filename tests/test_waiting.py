@@ -152,6 +152,35 @@ def test_a_notification_wakes_only_the_waiters_of_the_status_it_names(
     asyncio.run(wait())
 
 
+def test_the_database_tells_of_every_change_of_a_status_whoever_makes_it_and_only_of_those(
+    team: Team, no_engine_signal: None
+) -> None:
+    """A trigger NOTIFYs a run's status change (migration 0018): one made by plain SQL, outside
+    the engine (an admin, a script), wakes the waiters as well; a heartbeat that only moves the
+    lease, or a write that leaves the status as it was, wakes nobody."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    run = Run.objects.create(action="send_invoice", input={}, team=team, status="running")
+    listening()
+
+    def update(**fields: Any) -> None:
+        Run.objects.filter(pk=run.pk).update(**fields)
+
+    async def wait() -> None:
+        async with waiting.changes_of(run.pk) as changed:
+            changed.clear()
+            lease = timezone.now() + timedelta(seconds=30)
+            await asyncio.to_thread(in_another_thread, lambda: update(lease_expires_at=lease))
+            await asyncio.to_thread(in_another_thread, lambda: update(status="running"))
+            assert not await woken(changed, 0.5), "a write that changed no status woke the waiter"
+            await asyncio.to_thread(in_another_thread, lambda: update(status="cancelled"))
+            assert await woken(changed, 5), "a change of status by plain SQL did not wake the waiter"
+
+    asyncio.run(wait())
+
+
 def test_prefer_wait_answers_on_the_notification_not_on_its_fallback_poll(
     team: Team, no_engine_signal: None, settings: Any
 ) -> None:

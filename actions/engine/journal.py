@@ -57,8 +57,6 @@ class InboxChange:
 class _Journal:
     events: list[list[Any]] = field(default_factory=list)
     changes: list[InboxChange] = field(default_factory=list)
-    # The runs whose status changed, in order, once each, with the status each was left in.
-    runs_changed: dict[int, str] = field(default_factory=dict)
 
 
 # What the transaction open in atomic() writes besides its rows, written as it ends.
@@ -68,20 +66,18 @@ _journal: ContextVar[_Journal | None] = ContextVar("grundlag_journal", default=N
 @contextmanager
 def atomic() -> Iterator[None]:
     """``transaction.atomic()`` whose audit events are written in one INSERT, as it ends, whose
-    inbox changes are numbered in their teams' streams, whose changed runs are announced to
-    other processes in one statement (PostgreSQL's NOTIFY, delivered on commit), and whose
-    engine statements share a cursor. Inside another, it is a savepoint that writes into the
-    outer one's journal (a rule deciding the interrupt its step just recorded: the events stay
-    in order), and takes back what it wrote there if it fails."""
+    inbox changes are numbered in their teams' streams, and whose engine statements share a
+    cursor. Inside another, it is a savepoint that writes into the outer one's journal (a rule
+    deciding the interrupt its step just recorded: the events stay in order), and takes back
+    what it wrote there if it fails."""
     outer = _journal.get()
     if outer is not None:
-        marks = len(outer.events), len(outer.changes), dict(outer.runs_changed)
+        marks = len(outer.events), len(outer.changes)
         try:
             with transaction.atomic():
                 yield
         except BaseException:
             del outer.events[marks[0] :], outer.changes[marks[1] :]
-            outer.runs_changed = marks[2]
             raise
         return
     journal = _Journal()
@@ -97,8 +93,6 @@ def atomic() -> Iterator[None]:
             # The API request this change is made for keeps its Idempotency-Key with it.
             keyed = idempotency.record(journal.events[0][0] if journal.events else None)
             store.insert_events(journal.events)
-            if journal.runs_changed:
-                store.notify_runs_changed(journal.runs_changed)
             if journal.changes:
                 _number(journal.changes)
     except BaseException:
@@ -194,11 +188,8 @@ def inbox_changed(
 def push_run_status(run: Run, status: str) -> None:
     """Announce the run's new status, once this transaction commits."""
     finished = status in Run.FINISHED
-    journal = _journal.get()
-    if journal is not None:
-        journal.runs_changed[run.pk] = status
-    else:
-        store.notify_runs_changed({run.pk: status})
+    # Other processes hear of it from PostgreSQL itself: a trigger NOTIFYs every change of a
+    # run's status as its transaction commits (migration 0018, actions.web.waiting).
     transaction.on_commit(
         lambda: run_changed.send(Run, team_id=run.team_id, run_id=run.pk, status=status, finished=finished),
         robust=True,

@@ -633,22 +633,7 @@ def renew_leases(held: dict[int, int], lease_expires_at: datetime) -> int:
     )
 
 
-# The channel on which PostgreSQL announces, as the transaction that changed a run commits, the
-# run's id (actions.web.waiting listens, to wake the requests waiting on it in any process).
+# The channel on which PostgreSQL announces, as the transaction that changed a run's status
+# commits, the run's id and new status (``id:status``, a trigger: migration 0018).
+# actions.web.waiting listens, to wake the requests waiting on it in any process.
 RUN_CHANGED_CHANNEL = "grundlag_run_changed"
-
-
-def notify_runs_changed(statuses: dict[int, str]) -> None:
-    """In the open transaction: have PostgreSQL tell its listeners that these runs changed, and
-    to which status (``id:status``), when (and only if) the transaction commits; one statement.
-    Nothing on other databases: there the engine's in-process signal is the only wake-up (the
-    embedded setup is one process)."""
-    connection = _db()
-    if connection.vendor != "postgresql" or not statuses:
-        return
-    with _cursor(connection) as cursor:
-        cursor.execute(
-            "SELECT pg_notify(%s, run_id::text || ':' || status) "
-            "FROM unnest(%s::bigint[], %s::text[]) AS changed(run_id, status)",
-            [RUN_CHANGED_CHANNEL, list(statuses), list(statuses.values())],
-        )

@@ -3,11 +3,11 @@ run changes, then reads the row, which stays the truth.
 
 - A change made in this process (the embedded server's steps, a decision through this server)
   sends the engine's run_changed signal here, after commit.
-- On PostgreSQL, every change of a run's status also NOTIFYs the run's id and new status in
-  the transaction that makes it (actions.engine.store.notify_runs_changed): the database
-  delivers it as that transaction commits, and never if it rolls back. One connection per web
-  process LISTENs (``_Listener``) and wakes the requests waiting on that run, whichever process
-  made the change (a Celery worker of the scaled setup, another daphne).
+- On PostgreSQL, a trigger NOTIFYs every change of a run's status, with the run's id and new
+  status (migration 0018): the database delivers it as the transaction that made the change
+  commits, and never if it rolls back. One connection per web process LISTENs (``_Listener``)
+  and wakes the requests waiting on that run, whichever process made the change (a Celery
+  worker of the scaled setup, another daphne, an admin).
 
 A request is woken only by a change to a status it waits for (a start waits for the run to
 settle: its claim, queued to running, wakes nobody), so it reads its run once per change that
