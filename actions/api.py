@@ -320,6 +320,10 @@ def unknown_action(request: HttpRequest, exc: UnknownAction) -> HttpResponse:
 # Serialising
 
 
+# The columns interrupt_out reads.
+INTERRUPT_OUT_FIELDS = ("id", "seq", "message", "data", "tool_call_id")
+
+
 def interrupt_out(request: HttpRequest, it: Interrupt) -> dict[str, Any]:
     return {
         "id": it.pk,
@@ -349,11 +353,11 @@ def run_out(request: HttpRequest, run: Run, *, transcript: bool = False) -> dict
         interrupts = list(run.interrupts.order_by("seq").prefetch_related("approvals__user"))
         pending = next((it for it in interrupts if it.status == Interrupt.Status.PENDING), None)
     elif run.status == Run.Status.INTERRUPTED:
-        # The one it waits on, without its checkpoint (never shown) or the rest. Only while it
-        # is interrupted: its interrupts are recorded with that status, and it moves on only
-        # once none is left pending.
-        waiting_on = run.interrupts.filter(status=Interrupt.Status.PENDING).defer("state")
-        pending = waiting_on.order_by("seq").first()
+        # The one it waits on, only while it is interrupted: its interrupts are recorded with
+        # that status, and it moves on only once none is left pending. Only what interrupt_out
+        # tells of it (never its checkpoint): the other columns, JSON most, cost twice the query.
+        waiting_on = Interrupt.objects.filter(run_id=run.pk, status=Interrupt.Status.PENDING)
+        pending = waiting_on.only(*INTERRUPT_OUT_FIELDS).order_by("seq").first()
     else:
         pending = None
     body: dict[str, Any] = {

@@ -78,6 +78,31 @@ def test_a_run_is_answered_over_http_and_completes(api: Api) -> None:
     assert resumed.json()["interrupt"] is None
 
 
+def test_a_paused_runs_description_reads_the_run_and_its_interrupt_in_one_query_each(
+    api: Api, django_assert_num_queries: Any
+) -> None:
+    """What a waiting request reads once its run has paused, on the API's critical path: the
+    interrupt's columns that the answer tells, in one query (a column it tells that was not
+    read would cost one more), and for a finished run no interrupt query at all."""
+    from django.test import RequestFactory
+
+    from actions import api as endpoints
+
+    started = api.post(
+        "/runs", {"action": "send_invoice", "input": {"invoice_id": "Q-1", "amount": 3}}
+    ).json()
+    request = RequestFactory().get("/")
+    run = Run.objects.get(pk=started["id"])
+    with django_assert_num_queries(1):
+        described = endpoints.run_out(request, run)
+    assert described["interrupt"] == started["interrupt"]
+    assert described["interrupt"]["message"] == "Approve sending the invoice?"
+    api.post(f"/interrupts/{started['interrupt']['id']}/resume", {"data": {"approved": True}})
+    run = Run.objects.get(pk=started["id"])
+    with django_assert_num_queries(0):
+        assert endpoints.run_out(request, run)["interrupt"] is None
+
+
 def test_the_run_has_its_transcript_in_order(api: Api, requester_approves: None) -> None:
     run = api.post("/runs", {"action": "transfer_funds", "input": {"amount": 2000, "to": "X"}}).json()
     second = api.post(f"/interrupts/{run['interrupt']['id']}/resume", {"data": {"approved": True}}).json()
