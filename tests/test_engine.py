@@ -130,6 +130,28 @@ def test_reject_ends_the_run_rejected_with_the_reason(team: Team, reviewer: User
     )
 
 
+def test_a_run_that_ends_by_a_decision_or_a_cancel_announces_its_status(team: Team, reviewer: User) -> None:
+    """The requests waiting on a run wake only for the status they wait for (a decided approval:
+    a finished run), and the engine's signal names it: a rejection and a cancel announce how the
+    run ended, as a step's end does, not only the inbox's change."""
+    from actions.engine import journal
+
+    told: list[tuple[int, str, bool]] = []
+
+    def heard(sender: Any, *, run_id: int, status: str, finished: bool, **kwargs: Any) -> None:
+        told.append((run_id, status, finished))
+
+    journal.run_changed.connect(heard, dispatch_uid="test-heard")
+    try:
+        rejected, cancelled = start(team, reviewer), start(team, reviewer)
+        told.clear()
+        engine.reject(pending(rejected), "wrong customer", reviewer)
+        engine.cancel(cancelled, reviewer)
+    finally:
+        journal.run_changed.disconnect(dispatch_uid="test-heard")
+    assert told == [(rejected.pk, "rejected", True), (cancelled.pk, "cancelled", True)]
+
+
 def test_reject_without_a_reason_is_refused_and_changes_nothing(team: Team, reviewer: User) -> None:
     run = start(team, reviewer)
     with pytest.raises(engine.InvalidInput):

@@ -1,6 +1,7 @@
-"""`Prefer: wait` across processes: on PostgreSQL the engine NOTIFYs a run's change in the
-transaction that makes it, and each web process LISTENs (actions.web.waiting). The engine's
-in-process signal is disconnected here, so only the database's notification can wake a waiter."""
+"""`Prefer: wait` across processes: on PostgreSQL a trigger NOTIFYs a run's change to a status
+a request waits for, as the transaction that makes it commits, and each web process LISTENs
+(actions.web.waiting). The engine's in-process signal is disconnected here, so only the
+database's notification can wake a waiter."""
 
 from __future__ import annotations
 
@@ -123,10 +124,11 @@ def test_a_committed_change_wakes_its_waiters_a_rolled_back_one_does_not(
 def test_a_notification_wakes_only_the_waiters_of_the_status_it_names(
     team: Team, no_engine_signal: None
 ) -> None:
-    """A request waiting for its run to settle is not made to read it by the run's claim
-    (queued to running), only by the change that may settle it. A notification without a status
-    (from a process of an earlier version, during a rolling upgrade) wakes every waiter."""
-    run = Run.objects.create(action="send_invoice", input={}, team=team, status="queued")
+    """An approval's request waits for its run to finish: the pause (which settles a run, and
+    wakes a request waiting for that) does not make it read the run; the end does. A
+    notification without a status (from a process of an earlier version, during a rolling
+    upgrade) wakes every waiter of the run."""
+    run = Run.objects.create(action="send_invoice", input={}, team=team, status="running")
     listening()
 
     def bare_notification() -> None:
@@ -135,29 +137,30 @@ def test_a_notification_wakes_only_the_waiters_of_the_status_it_names(
 
     async def wait() -> None:
         async with (
+            waiting.changes_of(run.pk, Run.FINISHED) as finished,
             waiting.changes_of(run.pk, Run.SETTLED) as settled,
-            waiting.changes_of(run.pk) as any_change,
         ):
+            finished.clear()
             settled.clear()
-            any_change.clear()
-            await asyncio.to_thread(in_another_thread, lambda: set_status(run, "running", commit=True))
-            assert await woken(any_change, 5), "a waiter of every change was not woken"
-            assert not await woken(settled, 0.5), "the claim woke a waiter for the run to settle"
             await asyncio.to_thread(in_another_thread, lambda: set_status(run, "interrupted", commit=True))
             assert await woken(settled, 5), "the pause did not wake the waiter for the run to settle"
-            settled.clear()
+            assert not await woken(finished, 0.5), "the pause woke a waiter for the run to finish"
+            await asyncio.to_thread(in_another_thread, lambda: set_status(run, "completed", commit=True))
+            assert await woken(finished, 5), "the end did not wake the waiter for the run to finish"
+            finished.clear()
             await asyncio.to_thread(in_another_thread, bare_notification)
-            assert await woken(settled, 5), "a notification without a status woke nobody"
+            assert await woken(finished, 5), "a notification without a status woke nobody"
 
     asyncio.run(wait())
 
 
-def test_the_database_tells_of_every_change_of_a_status_whoever_makes_it_and_only_of_those(
+def test_the_database_tells_when_a_run_settles_whoever_settles_it_and_only_then(
     team: Team, no_engine_signal: None
 ) -> None:
-    """A trigger NOTIFYs a run's status change (migration 0018): one made by plain SQL, outside
-    the engine (an admin, a script), wakes the waiters as well; a heartbeat that only moves the
-    lease, or a write that leaves the status as it was, wakes nobody."""
+    """A trigger NOTIFYs a run's change to a status a request waits for (migration 0018): one
+    made by plain SQL, outside the engine (an admin, a script), wakes the waiters as well; a
+    heartbeat that only moves the lease, a write that leaves the status as it was, and a change
+    to a status nobody waits for (a claim, a requeue) are not told."""
     from datetime import timedelta
 
     from django.utils import timezone
@@ -174,11 +177,41 @@ def test_the_database_tells_of_every_change_of_a_status_whoever_makes_it_and_onl
             lease = timezone.now() + timedelta(seconds=30)
             await asyncio.to_thread(in_another_thread, lambda: update(lease_expires_at=lease))
             await asyncio.to_thread(in_another_thread, lambda: update(status="running"))
-            assert not await woken(changed, 0.5), "a write that changed no status woke the waiter"
+            await asyncio.to_thread(in_another_thread, lambda: update(status="queued"))
+            await asyncio.to_thread(in_another_thread, lambda: update(status="running"))
+            assert not await woken(changed, 0.5), "a change no request waits for was told"
             await asyncio.to_thread(in_another_thread, lambda: update(status="cancelled"))
             assert await woken(changed, 5), "a change of status by plain SQL did not wake the waiter"
 
     asyncio.run(wait())
+
+
+def test_without_the_trigger_the_waiters_poll_fast_until_it_is_there(
+    team: Team, no_engine_signal: None
+) -> None:
+    """A process started before `migrate` added the trigger hears of no change: it says so, and
+    its waiters poll fast (covers_all_changes is false) until the trigger is there."""
+    import importlib
+
+    migration = importlib.import_module("actions.migrations.0018_run_status_notify")
+
+    def execute(statements: list[str]) -> None:
+        with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+            for statement in statements:
+                cursor.execute(statement)
+
+    listening()
+    assert waiting.covers_all_changes()
+    waiting.stop_listening()
+    execute(migration.DROP)
+    try:
+        listening()
+        assert not waiting.covers_all_changes(), "no trigger, yet the waiters would poll slowly"
+    finally:
+        waiting.stop_listening()
+        execute(migration.CREATE)
+    listening()
+    assert waiting.covers_all_changes()
 
 
 def test_prefer_wait_answers_on_the_notification_not_on_its_fallback_poll(

@@ -334,7 +334,8 @@ def end_or_go_on(run: Run, decided: Interrupt) -> None:
 
 def finish_with_pending_cancelled(run: Run, status: str, *, error: str = "", by: Actor = None) -> None:
     """End the run; its interrupts still pending are cancelled, and every inbox that shows one
-    (its team's, and a team's it escalated to) is told."""
+    (its team's, and a team's it escalated to) is told, as are the pages and the requests
+    waiting on the run."""
     now = timezone.now()
     pending = list(Interrupt.objects.filter(run_id=run.pk, status=Interrupt.Status.PENDING))
     Interrupt.objects.filter(pk__in=[it.pk for it in pending], status=Interrupt.Status.PENDING).update(
@@ -349,6 +350,7 @@ def finish_with_pending_cancelled(run: Run, status: str, *, error: str = "", by:
     Run.objects.filter(pk=run.pk).update(
         status=status, error=error, finished_at=now, updated_at=now, lease_expires_at=None
     )
+    push_run_status(run, status)
 
 
 # A running step cannot be stopped from here: cancelling it would record "cancelled" while its
@@ -370,4 +372,3 @@ def cancel(run: Run, by: Actor) -> None:
             raise NotAllowed(reason)
         finish_with_pending_cancelled(locked, Status.CANCELLED, by=by)
         log(locked, RunEvent.Kind.CANCELLED, by)
-        push_run_status(locked, Status.CANCELLED)

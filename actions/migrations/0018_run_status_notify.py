@@ -1,9 +1,15 @@
-"""PostgreSQL tells its listeners of every change of a run's status, whoever makes it: a trigger
-NOTIFYs ``id:status`` on the channel the web processes LISTEN on (actions.web.waiting), as the
+"""PostgreSQL tells its listeners when a run settles, whoever settles it: a trigger NOTIFYs
+``id:status`` on the channel the web processes LISTEN on (actions.web.waiting), as the
 transaction commits, and never if it rolls back. Before, the engine sent the NOTIFY itself, one
-more statement in each transaction that changed a status. Nothing on SQLite (one process)."""
+more statement in each transaction that changed a status. Nothing on SQLite (one process).
+
+Only the statuses a request waits for (Run.SETTLED: paused or finished), and only when the
+status changes: not a claim or a requeue, not a heartbeat that moves the lease. A NOTIFY takes a
+lock that the committing transactions of the whole cluster share."""
 
 from django.db import migrations
+
+SETTLED = "('interrupted', 'completed', 'failed', 'rejected', 'cancelled')"  # Run.SETTLED
 
 CREATE = [
     """CREATE FUNCTION grundlag_notify_run_changed() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -12,11 +18,11 @@ CREATE = [
         RETURN NULL;
     END
     $$""",
-    """CREATE TRIGGER actions_run_started_notify AFTER INSERT ON actions_run
-        FOR EACH ROW EXECUTE FUNCTION grundlag_notify_run_changed()""",
-    # Not when only the lease moves (a worker's heartbeat) or the row is rewritten unchanged.
-    """CREATE TRIGGER actions_run_status_notify AFTER UPDATE OF status ON actions_run
-        FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
+    f"""CREATE TRIGGER actions_run_started_notify AFTER INSERT ON actions_run
+        FOR EACH ROW WHEN (NEW.status IN {SETTLED})
+        EXECUTE FUNCTION grundlag_notify_run_changed()""",
+    f"""CREATE TRIGGER actions_run_status_notify AFTER UPDATE OF status ON actions_run
+        FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status AND NEW.status IN {SETTLED})
         EXECUTE FUNCTION grundlag_notify_run_changed()""",
 ]
 DROP = [

@@ -4,8 +4,9 @@ The run's event log is the outbox: an event is written in the transaction of its
 rolled-back change tells nobody. After commit, and every few seconds to catch up (a process
 that died between its commit and the dispatch), the dispatcher (``dispatch``) turns each event
 worth telling into one ``Notification`` per recipient, once (``Fanout``). Each notification is
-delivered by a task with retries and exponential backoff (``delivery``), every attempt recorded;
-a slow or dead endpoint holds up only its own delivery, never a decision.
+delivered with retries and exponential backoff (``delivery``), every attempt recorded: an
+event's mails and Slack messages a few to a task, each webhook in a task of its own, so that a
+slow or dead endpoint holds up only its own delivery, never a decision.
 
 Channels, one module each: ``webhook`` (Standard Webhooks, signed), ``email`` (Django's mail,
 with a personal decision link: ``links``), ``slack`` (slack-sdk; its buttons come back to

@@ -7,8 +7,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Collection
 from datetime import timedelta
 from typing import Any
 
@@ -282,22 +281,18 @@ def _digest_slot() -> Any:
     return now + timedelta(seconds=period - now.timestamp() % period)
 
 
-# Dispatches of the same run in this process take turns (the notifications' worker runs one
-# per commit that asked, in several threads, and a run's start, pause, decision and end follow
-# each other closely): each then finds only what the one before it left, rather than working out
-# the same events to lose the race for their Fanout rows, and a run's events are told in order.
-# Striped: a lock per run would have to be forgotten again.
-_TURNS = [threading.RLock() for _ in range(64)]
+# In this process, the events of one run are worked out one dispatch at a time (the
+# notifications' worker runs a dispatch per commit that asked, in several threads, and a run's
+# pause, decision and end follow each other closely): a dispatch waits for the one working on
+# the run's event, then finds it told, rather than working it out again to lose the race for its
+# Fanout row. Striped (a lock per run would have to be forgotten again), and held for one event
+# at a time, so dispatches of other runs go on meanwhile. Across processes the Fanout row alone
+# keeps an event from being told twice.
+_TURNS = [threading.Lock() for _ in range(64)]
 
 
-@contextmanager
-def _turn_of(runs: Collection[int] | None) -> Iterator[None]:
-    """Hold the turn of these runs' dispatches here (None: every run; that round takes none, and
-    the Fanout row still keeps an event from being told twice, here or in another process)."""
-    with ExitStack() as held:
-        for stripe in sorted({run_id % len(_TURNS) for run_id in runs or ()}):
-            held.enter_context(_TURNS[stripe])
-        yield
+def _turn(run_id: int) -> threading.Lock:
+    return _TURNS[run_id % len(_TURNS)]
 
 
 def dispatch(runs: Collection[int] | None = None, *, after_id: int = 0) -> int:
@@ -307,11 +302,6 @@ def dispatch(runs: Collection[int] | None = None, *, after_id: int = 0) -> int:
     once: each event is taken by one (its Fanout row)."""
     from actions.notify.delivery import schedule_all
 
-    with _turn_of(runs):
-        return _dispatch(runs, after_id, schedule_all)
-
-
-def _dispatch(runs: Collection[int] | None, after_id: int, schedule_all: Callable[..., None]) -> int:
     made = 0
     subscribers = Subscribers()
     events = RunEvent.objects.filter(
@@ -324,31 +314,40 @@ def _dispatch(runs: Collection[int] | None, after_id: int, schedule_all: Callabl
     for event in list(
         events.only("id", "run_id", "interrupt_id", "kind", "detail", "at").order_by("id")[:BATCH]
     ):
-        # Worked out before the transaction, which then only writes: on SQLite a transaction
-        # holds the database's one write lock from its start, and a run's step would wait
-        # for the reads and the rendering of a big team's notifications.
-        if Fanout.objects.filter(event=event).exists():
-            continue  # told meanwhile by another dispatcher: not worked out twice
-        try:
-            notifications = fan_out(event, subscribers)
-        except (OperationalError, InterfaceError):
-            raise  # the database went away: this round stops, and the next one tells it
-        except Exception:
-            # One event that cannot be told (its interrupt deleted meanwhile, a bug) must not
-            # hold up every later one: it is marked told, and the log says why.
-            logger.exception("event %s: its notifications could not be made; skipped", event.pk)
-            notifications = []
-        try:
-            with transaction.atomic():
-                Fanout.objects.create(event=event)
-                # One insert for a big team's notifications, not one each.
-                made_now = Notification.objects.bulk_create(notifications)
-                hooks = {n.pk for n in made_now if n.channel == Notification.Channel.WEBHOOK}
-                transaction.on_commit(functools.partial(schedule_all, [n.pk for n in made_now], alone=hooks))
-        except IntegrityError:
-            continue  # another dispatcher took it
-        made += len(notifications)
+        with _turn(event.run_id):
+            told = _tell(event, subscribers)
+        if told:
+            made += len(told)
+            # Now, or once a transaction the caller holds open commits. Each webhook goes alone.
+            hooks = {n.pk for n in told if n.webhook_id is not None}
+            transaction.on_commit(functools.partial(schedule_all, [n.pk for n in told], alone=hooks))
     return made
+
+
+def _tell(event: RunEvent, subscribers: Subscribers) -> list[Notification] | None:
+    """Work out the event's notifications and save them with its Fanout row; None when it was
+    told already (by another dispatcher)."""
+    # Worked out before the transaction, which then only writes: on SQLite a transaction holds
+    # the database's one write lock from its start, and a run's step would wait for the reads
+    # and the rendering of a big team's notifications.
+    if Fanout.objects.filter(event=event).exists():
+        return None  # told meanwhile by another dispatcher: not worked out twice
+    try:
+        notifications = fan_out(event, subscribers)
+    except (OperationalError, InterfaceError):
+        raise  # the database went away: this round stops, and the next one tells it
+    except Exception:
+        # One event that cannot be told (its interrupt deleted meanwhile, a bug) must not hold
+        # up every later one: it is marked told, and the log says why.
+        logger.exception("event %s: its notifications could not be made; skipped", event.pk)
+        notifications = []
+    try:
+        with transaction.atomic():
+            Fanout.objects.create(event=event)
+            # One insert for a big team's notifications, not one each.
+            return Notification.objects.bulk_create(notifications)
+    except IntegrityError:
+        return None  # another dispatcher took it
 
 
 class MissedEvents:

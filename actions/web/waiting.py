@@ -3,20 +3,20 @@ run changes, then reads the row, which stays the truth.
 
 - A change made in this process (the embedded server's steps, a decision through this server)
   sends the engine's run_changed signal here, after commit.
-- On PostgreSQL, a trigger NOTIFYs every change of a run's status, with the run's id and new
-  status (migration 0018): the database delivers it as the transaction that made the change
-  commits, and never if it rolls back. One connection per web process LISTENs (``_Listener``)
-  and wakes the requests waiting on that run, whichever process made the change (a Celery
-  worker of the scaled setup, another daphne, an admin).
+- On PostgreSQL, a trigger NOTIFYs each change of a run to a status a request may wait for
+  (Run.SETTLED), with the run's id and new status (migration 0018): the database delivers it as
+  the transaction that made the change commits, and never if it rolls back. One connection per
+  web process LISTENs (``_Listener``) and wakes the requests waiting on that run, whichever
+  process made the change (a Celery worker of the scaled setup, another daphne, an admin).
 
 A request is woken only by a change to a status it waits for (a start waits for the run to
-settle: its claim, queued to running, wakes nobody), so it reads its run once per change that
-may end its wait, not once per change.
+settle: its claim, queued to running, wakes nobody; a decided approval waits for the run to
+finish), so it reads its run once per change that may end its wait, not once per change.
 
 Should a wake-up be lost, the waiter's timeout is a poll that still finds the change: slow
-(settings.GRUNDLAG_WAIT_POLL_SECONDS) while every change reaches this process, fast while one
-may not (``covers_all_changes``: the listener is down, or another process may run the step
-on a database without it).
+(settings.GRUNDLAG_WAIT_POLL_SECONDS) while every such change reaches this process, fast while
+one may not (``covers_all_changes``: the listener is down, the database lacks the trigger, or
+another process may run the step on a database without notifications).
 
 A wake-up through the channel layer (Redis pub/sub) was tried first and taken out: in one CI
 run it missed every push, for a reason never found. NOTIFY is the database's own, transactional,
@@ -44,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 # The listening connection's name in PostgreSQL (pg_stat_activity.application_name).
 APPLICATION_NAME = "grundlag-listen"
+# The trigger that NOTIFYs a run's change of status (migration 0018).
+TRIGGER = "actions_run_status_notify"
 
 # A waiter: its request's loop, the event it waits on, and the statuses it waits for (None: any).
 _Entry = tuple[asyncio.AbstractEventLoop, asyncio.Event, frozenset[str] | None]
@@ -52,7 +54,7 @@ _waiters: dict[int, set[_Entry]] = {}
 _lock = threading.Lock()
 
 
-def on_run_changed(sender: Any, *, run_id: int, status: str, **kwargs: Any) -> None:
+def on_run_changed(sender: Any, *, run_id: int, status: str | None = None, **kwargs: Any) -> None:
     """The engine's run_changed signal, from whichever thread committed the change."""
     _wake(_waiters_of([(run_id, status)]))
 
@@ -124,8 +126,8 @@ async def changes_of(run_id: int, statuses: Collection[str] | None = None) -> As
         waiter.leave()
 
 
-# How soon a waiter reads the run again when nothing woke it. While every change of a run wakes
-# its waiters here (covers_all_changes), that is a fallback for a lost wake-up, after
+# How soon a waiter reads the run again when nothing woke it. While every change it waits for
+# wakes it here (covers_all_changes), that is a fallback for a lost wake-up, after
 # settings.GRUNDLAG_WAIT_POLL_SECONDS. While a change may not (another process changes the run on
 # a database without notifications, or the listener is reconnecting), the poll is how the change
 # is found: after the first of these, then twice as long each time, up to the second.
@@ -205,10 +207,11 @@ def stop_listening() -> None:
 
 
 def covers_all_changes() -> bool:
-    """Whether every change of a run wakes its waiters here: the database's notifications are
-    being listened to, or (on a database without them) the steps run in this process."""
+    """Whether every change of a run that a request may wait for wakes its waiters here: the
+    database's notifications are being listened to (and its trigger sends them), or (on a
+    database without them) the steps run in this process."""
     if _Listener.wanted():
-        return _Listener.listening.is_set()
+        return _Listener.listening.is_set() and _Listener.told.is_set()
     return steps.runs_here()
 
 
@@ -218,8 +221,11 @@ class _Listener:
     fails, and wakes every waiter when it (re)connects: what was notified meanwhile is lost, so
     each reads its run again."""
 
-    # Set while the connection is listening; the waiters poll slowly only then.
+    # Set while the connection is listening; the waiters poll slowly only then, and only while
+    # the database has the trigger that sends the notifications (migration 0018: a process
+    # started before `migrate` finds it missing, and polls fast until it is there).
     listening = threading.Event()
+    told = threading.Event()
     # How long the connection may sit silent before it is checked with a statement (a dead peer
     # otherwise goes unnoticed); the longest wait between attempts to reconnect.
     KEEPALIVE_SECONDS = 30.0
@@ -257,6 +263,18 @@ class _Listener:
             cls._stopping.clear()
 
     @classmethod
+    def _check_trigger(cls, conn: Any) -> None:
+        found = conn.execute("SELECT 1 FROM pg_trigger WHERE tgname = %s", [TRIGGER]).fetchone()
+        if found:
+            cls.told.set()
+        elif cls.told.is_set() or not cls.listening.is_set():
+            cls.told.clear()
+            logger.warning(
+                "the database has no %s trigger (run `manage.py migrate`): waiting requests poll meanwhile",
+                TRIGGER,
+            )
+
+    @classmethod
     def _run(cls) -> None:
         import psycopg
 
@@ -270,6 +288,7 @@ class _Listener:
                 }
                 with psycopg.Connection.connect(**params) as conn:
                     conn.execute(f"LISTEN {store.RUN_CHANGED_CHANNEL}")
+                    cls._check_trigger(conn)
                     cls.listening.set()
                     _wake(_waiters_of(None))  # whatever changed before this LISTEN
                     backoff = 0.5
@@ -279,7 +298,7 @@ class _Listener:
                             with contextlib.suppress(ValueError):
                                 _wake(_waiters_of([_parsed(note.payload)]))
                         if time.monotonic() - checked > cls.KEEPALIVE_SECONDS:
-                            conn.execute("SELECT 1")
+                            cls._check_trigger(conn)  # a statement, and `migrate` may have run
                             checked = time.monotonic()
                     return
             except Exception:
