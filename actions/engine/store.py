@@ -637,3 +637,12 @@ def renew_leases(held: dict[int, int], lease_expires_at: datetime) -> int:
 # commits, the run's id and new status (``id:status``, a trigger: migration 0018).
 # actions.web.waiting listens, to wake the requests waiting on it in any process.
 RUN_CHANGED_CHANNEL = "grundlag_run_changed"
+# The trigger that sends them.
+RUN_CHANGED_TRIGGER = "actions_run_status_notify"
+
+
+def run_changes_notified(conn: Any) -> bool:
+    """Whether the database has the trigger that NOTIFYs the runs' changes (it is missing while
+    `migrate` has not run). ``conn``: a psycopg connection of the caller's (the listener's)."""
+    found = conn.execute("SELECT 1 FROM pg_trigger WHERE tgname = %s", [RUN_CHANGED_TRIGGER]).fetchone()
+    return found is not None

@@ -44,8 +44,6 @@ logger = logging.getLogger(__name__)
 
 # The listening connection's name in PostgreSQL (pg_stat_activity.application_name).
 APPLICATION_NAME = "grundlag-listen"
-# The trigger that NOTIFYs a run's change of status (migration 0018).
-TRIGGER = "actions_run_status_notify"
 
 # A waiter: its request's loop, the event it waits on, and the statuses it waits for (None: any).
 _Entry = tuple[asyncio.AbstractEventLoop, asyncio.Event, frozenset[str] | None]
@@ -264,14 +262,13 @@ class _Listener:
 
     @classmethod
     def _check_trigger(cls, conn: Any) -> None:
-        found = conn.execute("SELECT 1 FROM pg_trigger WHERE tgname = %s", [TRIGGER]).fetchone()
-        if found:
+        if store.run_changes_notified(conn):
             cls.told.set()
         elif cls.told.is_set() or not cls.listening.is_set():
             cls.told.clear()
             logger.warning(
                 "the database has no %s trigger (run `manage.py migrate`): waiting requests poll meanwhile",
-                TRIGGER,
+                store.RUN_CHANGED_TRIGGER,
             )
 
     @classmethod
