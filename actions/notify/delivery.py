@@ -254,9 +254,7 @@ def deliver_each(notification_ids: list[int]) -> None:
 def _deliver_here(notification_id: int) -> None:
     close_old_connections()
     try:
-        deliver(notification_id)
-    except Exception:
-        logger.exception("notification %s: delivery failed; the periodic round retries", notification_id)
+        deliver_each([notification_id])
     finally:
         close_old_connections()
 
