@@ -345,8 +345,8 @@ GRUNDLAG_BASE_URL = os.getenv("GRUNDLAG_BASE_URL", "http://127.0.0.1:8000")
 GRUNDLAG_WEBHOOK_ALLOW_PRIVATE = envbool("GRUNDLAG_WEBHOOK_ALLOW_PRIVATE", "false")
 GRUNDLAG_WEBHOOK_TIMEOUT_SECONDS = envfloat("GRUNDLAG_WEBHOOK_TIMEOUT_SECONDS", "5", minimum=0.1)
 GRUNDLAG_NOTIFY_MAX_ATTEMPTS = envint("GRUNDLAG_NOTIFY_MAX_ATTEMPTS", "12", minimum=1)
-# A process's commits that ask for notifications within this time are fanned out together, as
-# one task of the `notify` queue (0: one each).
+# A process's commits that ask for notifications within this time are fanned out together
+# (scaled: as one task of the `notify` queue); 0: without waiting.
 GRUNDLAG_DISPATCH_GATHER_SECONDS = envfloat("GRUNDLAG_DISPATCH_GATHER_SECONDS", "0.05")
 GRUNDLAG_WEBHOOK_DISABLE_AFTER_SECONDS = envint("GRUNDLAG_WEBHOOK_DISABLE_AFTER_SECONDS", "86400", minimum=60)
 # How long a claimed notification is left to its sender (a worker that died mid-send) before it

@@ -188,8 +188,8 @@ def inbox_changed(
 def push_run_status(run: Run, status: str) -> None:
     """Announce the run's new status, once this transaction commits."""
     finished = status in Run.FINISHED
-    # Other processes hear of it from PostgreSQL itself: a trigger NOTIFYs every change of a
-    # run's status as its transaction commits (migration 0018, actions.web.waiting).
+    # Other processes hear of it from PostgreSQL itself: a trigger NOTIFYs a run's change to a
+    # settled status as its transaction commits (migration 0018, actions.web.waiting).
     transaction.on_commit(
         lambda: run_changed.send(Run, team_id=run.team_id, run_id=run.pk, status=status, finished=finished),
         robust=True,
