@@ -5,6 +5,7 @@ speaking its Web API with signed interactions posted back, reminders, routing an
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -12,7 +13,9 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.core import mail
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from actions import engine, notify
@@ -29,6 +32,8 @@ from actions.models import (
     TeamChannels,
     TeamRule,
 )
+from actions.notify import delivery
+from tests.conftest import member
 from tests.slack_server import SIGNING_SECRET, TOKEN, SlackServer, button, signed, submission
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -197,6 +202,40 @@ def test_a_mail_no_longer_for_its_recipient_is_not_sent(team: Team, people: dict
         "not sent: it was rejected meanwhile",  # also no longer in the team
         "not sent: the recipient is no longer in the interrupt's team",
     ]
+
+
+@pytest.mark.usefixtures("database")
+def test_the_mails_of_an_approval_decided_before_they_went_are_skipped_together(
+    team: Team, people: dict[str, User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A big team's "new approval" mails reach their sender after the approval was decided (a
+    quick reviewer, an agent's caller): none is sent, each says why, and the batch is skipped in
+    a few statements, not in a claim, a read and a record for each mail."""
+    for n in range(3, 9):
+        user = member(team, f"reviewer{n}")
+        user.email = f"reviewer{n}@example.com"
+        user.save()
+    handed: list[list[int]] = []
+    monkeypatch.setattr(delivery, "schedule_all", lambda ids, **kwargs: handed.append(list(ids)))
+    interrupt = start(team)
+    told()
+    (mails,) = [ids for ids in handed if len(ids) > 1]
+    assert len(mails) == 8
+    engine.reject(interrupt, "sent by hand", people["second"])
+    User.objects.filter(username="reviewer8").update(is_active=False)  # left meanwhile
+    with CaptureQueriesContext(connection) as queries:
+        delivery.deliver_each(mails)
+    assert mail.outbox == []
+    reasons = Counter(
+        Notification.objects.filter(pk__in=mails).values_list(
+            "outcome", "attempts", "delivery_attempts__error"
+        )
+    )
+    assert reasons == {
+        ("skipped", 1, "not sent: it was rejected meanwhile"): 7,
+        ("skipped", 1, "not sent: the recipient's account is disabled"): 1,  # its own reason, as before
+    }
+    assert len(queries.captured_queries) <= 12, [q["sql"][:80] for q in queries.captured_queries]
 
 
 @pytest.fixture

@@ -107,6 +107,28 @@ def test_dispatches_of_the_same_run_at_once_work_out_its_event_once(
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("steps")
+def test_a_dispatch_that_listed_events_another_told_here_meanwhile_asks_nothing_more(
+    client: Client, token_key: str, team: Team, reviewer: User, receiver: Receiver
+) -> None:
+    """The processes that paused and decided a run each ask for a dispatch: two of the
+    notifications' worker's threads list the same events. The one that waited its turn finds
+    them told by the other without a query, and an event it has never seen still asks."""
+    registered(client, token_key, receiver.url)
+    run = a_run(team, reviewer, "D-1")
+    listed = list(RunEvent.objects.filter(run=run, kind__in=list(dispatch.TYPES)))
+    assert notify.dispatch([run.pk]) == 1
+    with CaptureQueriesContext(connection) as queries:
+        assert [dispatch._tell(event, dispatch.Subscribers()) for event in listed] == [None]
+    assert queries.captured_queries == []
+    # The same id logged anew (a database emptied under a running worker) is not taken for it.
+    again = RunEvent(pk=listed[0].pk, run_id=run.pk, kind=listed[0].kind, at=timezone.now())
+    with CaptureQueriesContext(connection) as queries:
+        assert dispatch._tell(again, dispatch.Subscribers()) is None  # its Fanout row says so
+    assert any('FROM "actions_fanout"' in q["sql"] for q in queries.captured_queries)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("steps")
 def test_a_dispatch_reads_the_teams_webhooks_and_routing_once_for_all_its_events(
     client: Client, token_key: str, team: Team, reviewer: User, receiver: Receiver
 ) -> None:

@@ -22,9 +22,9 @@ from django.db import close_old_connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from actions.models import DeliveryAttempt, Notification, Webhook
+from actions.models import DeliveryAttempt, Interrupt, Notification, Webhook
 from actions.notify import email, process, slack, webhook
-from actions.notify.base import DeliveryFailed, NotSent, still_for
+from actions.notify.base import ASKS_DECISION, DeliveryFailed, NotSent, still_for
 
 logger = logging.getLogger(__name__)
 
@@ -241,10 +241,55 @@ def schedule_all(notification_ids: list[int], *, alone: Collection[int] = ()) ->
             logger.warning("notifications %s stay pending: the broker refused them", batch, exc_info=True)
 
 
+def skip_decided(notification_ids: Collection[int]) -> set[int]:
+    """Of these, the requests to people for a decision that was made meanwhile, due and not being
+    sent by anyone, are skipped together, as ``deliver`` would have skipped each (``still_for``):
+    one transaction for a batch, not a claim, a read and a record for each of a team's mails.
+    Which were skipped."""
+    decided = [status for status in Interrupt.Status.values if status != Interrupt.Status.PENDING]
+    unwanted = Notification.objects.filter(
+        pk__in=list(notification_ids),
+        outcome=Outcome.PENDING,
+        next_attempt_at__lte=timezone.now(),
+        type__in=ASKS_DECISION,
+        # An inactive recipient's is skipped for that (still_for's first reason).
+        recipient__is_active=True,
+        event__interrupt__status__in=decided,
+    )
+    if not unwanted.exists():  # mostly so: one query, and no transaction
+        return set()
+    with transaction.atomic():
+        # Locked until the outcome is written: a sender skipping the same rows skips others.
+        rows = list(
+            unwanted.select_for_update(skip_locked=True, of=("self",)).values_list(
+                "pk", "event__interrupt__status"
+            )
+        )
+        if not rows:
+            return set()
+        skipped = {pk for pk, _ in rows}
+        Notification.objects.filter(pk__in=skipped).update(
+            outcome=Outcome.SKIPPED, attempts=F("attempts") + 1
+        )
+        DeliveryAttempt.objects.bulk_create(
+            DeliveryAttempt(notification_id=pk, ok=False, error=f"not sent: it was {status} meanwhile")
+            for pk, status in rows
+        )
+    return skipped
+
+
 def deliver_each(notification_ids: list[int]) -> None:
-    """Deliver these one after another. One that fails (its claim taken, it is sent again once
-    that runs out: the periodic round) does not stop the others."""
+    """Deliver these one after another, those no longer wanted first, together. One that fails
+    (its claim taken, it is sent again once that runs out: the periodic round) does not stop the
+    others."""
+    try:
+        skipped = skip_decided(notification_ids) if len(notification_ids) > 1 else set()
+    except Exception:
+        logger.exception("notifications %s: skipping those decided failed; each is tried", notification_ids)
+        skipped = set()
     for notification_id in notification_ids:
+        if notification_id in skipped:
+            continue
         try:
             deliver(notification_id)
         except Exception:

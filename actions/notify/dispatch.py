@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import logging
@@ -291,6 +292,32 @@ def _digest_slot() -> Any:
 _TURNS = [threading.Lock() for _ in range(64)]
 
 
+class _Recent:
+    """The events this process told lately: a dispatch that waited its turn for one finds it
+    told without asking the database (the processes that paused and decided a run each ask for
+    a dispatch: two tasks, each listing the same events). Known by id and time, so that an id
+    used again (a database restored or emptied under a running worker) is not taken for the one
+    told. Bounded; what it forgot, the Fanout row says."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._order: collections.deque[tuple[int, Any]] = collections.deque(maxlen=size)
+        self._keys: set[tuple[int, Any]] = set()
+        self._lock = threading.Lock()
+
+    def add(self, event: RunEvent) -> None:
+        with self._lock:
+            if len(self._order) == self._order.maxlen:
+                self._keys.discard(self._order[0])
+            self._order.append((event.pk, event.at))
+            self._keys.add((event.pk, event.at))
+
+    def has(self, event: RunEvent) -> bool:
+        return (event.pk, event.at) in self._keys
+
+
+_told = _Recent()
+
+
 def _turn(run_id: int) -> threading.Lock:
     return _TURNS[run_id % len(_TURNS)]
 
@@ -330,7 +357,7 @@ def _tell(event: RunEvent, subscribers: Subscribers) -> list[Notification] | Non
     # Worked out before the transaction, which then only writes: on SQLite a transaction holds
     # the database's one write lock from its start, and a run's step would wait for the reads
     # and the rendering of a big team's notifications.
-    if Fanout.objects.filter(event=event).exists():
+    if _told.has(event) or Fanout.objects.filter(event=event).exists():
         return None  # told meanwhile by another dispatcher: not worked out twice
     try:
         notifications = fan_out(event, subscribers)
@@ -342,12 +369,18 @@ def _tell(event: RunEvent, subscribers: Subscribers) -> list[Notification] | Non
         logger.exception("event %s: its notifications could not be made; skipped", event.pk)
         notifications = []
     try:
-        with transaction.atomic():
-            Fanout.objects.create(event=event)
-            # One insert for a big team's notifications, not one each.
-            return Notification.objects.bulk_create(notifications)
+        if notifications or transaction.get_connection().in_atomic_block:
+            with transaction.atomic():
+                Fanout.objects.create(event=event)
+                # One insert for a big team's notifications, not one each.
+                made = Notification.objects.bulk_create(notifications)
+        else:
+            Fanout.objects.create(event=event)  # alone, a statement is a transaction of its own
+            made = []
     except IntegrityError:
         return None  # another dispatcher took it
+    transaction.on_commit(functools.partial(_told.add, event))
+    return made
 
 
 class MissedEvents:
