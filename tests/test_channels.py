@@ -238,6 +238,30 @@ def test_the_mails_of_an_approval_decided_before_they_went_are_skipped_together(
     assert len(queries.captured_queries) <= 12, [q["sql"][:80] for q in queries.captured_queries]
 
 
+@pytest.mark.usefixtures("database")
+def test_an_approval_decided_before_it_was_told_asks_no_one_and_goes_to_no_sender(
+    team: Team, people: dict[str, User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Answered within the gathering time (an API caller, an agent): the requests for that
+    decision are recorded as not sent, saying why, in the transaction that tells the event, and
+    no sender is handed them. What else the event tells still goes."""
+    handed: list[list[int]] = []
+    monkeypatch.setattr(delivery, "schedule_all", lambda ids, **kwargs: handed.append(list(ids)))
+    interrupt = start(team, by=people["second"])
+    engine.resume(interrupt, {"approved": True}, people["reviewer"])
+    told()
+    asked = Notification.objects.filter(type="interrupt.created")
+    assert sorted(
+        asked.values_list("recipient__username", "outcome", "attempts", "delivery_attempts__error")
+    ) == [
+        ("reviewer1", "skipped", 1, "not sent: it was approved meanwhile"),
+        ("reviewer2", "skipped", 1, "not sent: it was approved meanwhile"),
+    ]
+    answered = Notification.objects.get(type="interrupt.decided", channel="email")
+    assert answered.recipient == people["second"] and answered.outcome == "pending", "the asker hears of it"
+    assert sorted(pk for ids in handed for pk in ids) == [answered.pk]
+
+
 @pytest.fixture
 def early_in_the_hour(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The clock a minute past the hour, still running, so an hour's digest is 59 minutes away

@@ -18,6 +18,7 @@ from django.db import IntegrityError, InterfaceError, OperationalError, close_ol
 from django.utils import timezone
 
 from actions.models import (
+    DeliveryAttempt,
     Fanout,
     Interrupt,
     Notification,
@@ -28,7 +29,7 @@ from actions.models import (
     TeamChannels,
     Webhook,
 )
-from actions.notify.base import ASKS_ANEW, absolute
+from actions.notify.base import ASKS_ANEW, ASKS_DECISION, absolute
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,10 @@ def event_type(event: RunEvent) -> str | None:
     if event.kind == Kind.COMMENTED and not detail.get("mentions"):
         return None
     return kind
+
+
+# A notification made skipped (fan_out): why, for its delivery attempt.
+SKIPPED_BECAUSE = "_skipped_because"
 
 
 def interrupt_data(it: Interrupt) -> dict[str, Any]:
@@ -131,18 +136,24 @@ def fan_out(event: RunEvent, subscribers: Subscribers | None = None) -> list[Not
     # As JSON once, as the API would write it (times in ISO 8601), for every recipient.
     body = json.loads(json.dumps({"type": kind, "timestamp": event.at, "data": data}, cls=DjangoJSONEncoder))
     made: list[Notification] = []
+    # Asking people for a decision made before this event was told (an API caller or an agent
+    # answered within the gathering time): made skipped, saying why (still_for's reason), and
+    # handed to no sender.
+    decided = it is not None and kind in ASKS_DECISION and not it.is_pending
 
     def notify(channel: str, key: str, payload: dict[str, Any], **fields: Any) -> None:
-        made.append(
-            Notification(
-                event=event,
-                type=kind,
-                channel=channel,
-                message_id=f"msg_{event.pk}_{key}",
-                payload=payload,
-                **fields,
-            )
+        notification = Notification(
+            event=event,
+            type=kind,
+            channel=channel,
+            message_id=f"msg_{event.pk}_{key}",
+            payload=payload,
+            **fields,
         )
+        if decided and it is not None and fields.get("recipient") is not None:
+            notification.outcome, notification.attempts = Notification.Outcome.SKIPPED, 1
+            setattr(notification, SKIPPED_BECAUSE, f"it was {it.status} meanwhile")
+        made.append(notification)
 
     for hook in subscribers.hooks(team_ids, event.at):
         if kind in hook.events:
@@ -347,7 +358,9 @@ def dispatch(runs: Collection[int] | None = None, *, after_id: int = 0) -> int:
             made += len(told)
             # Now, or once a transaction the caller holds open commits. Each webhook goes alone.
             hooks = {n.pk for n in told if n.webhook_id is not None}
-            transaction.on_commit(functools.partial(schedule_all, [n.pk for n in told], alone=hooks))
+            due = [n.pk for n in told if n.outcome == Notification.Outcome.PENDING]
+            if due:
+                transaction.on_commit(functools.partial(schedule_all, due, alone=hooks))
     return made
 
 
@@ -374,6 +387,11 @@ def _tell(event: RunEvent, subscribers: Subscribers) -> list[Notification] | Non
                 Fanout.objects.create(event=event)
                 # One insert for a big team's notifications, not one each.
                 made = Notification.objects.bulk_create(notifications)
+                DeliveryAttempt.objects.bulk_create(
+                    DeliveryAttempt(notification=n, ok=False, error=f"not sent: {why}"[:500])
+                    for n in made
+                    if (why := getattr(n, SKIPPED_BECAUSE, None))
+                )
         else:
             Fanout.objects.create(event=event)  # alone, a statement is a transaction of its own
             made = []
