@@ -401,17 +401,17 @@ def get_run(token: ApiToken, run_id: int, consumer: str | None = None) -> Run:
     runs = Run.objects.filter(team=token.team_id)
     if consumer:
         runs = runs.filter(consumer=consumer)
-    run = runs.filter(pk=run_id).first()
-    if run is None:
-        raise HttpError(404, "Not Found")
-    return run
+    try:
+        return runs.get(pk=run_id)  # one or none: no ORDER BY to compile
+    except Run.DoesNotExist:
+        raise HttpError(404, "Not Found") from None
 
 
 def get_interrupt(token: ApiToken, interrupt_id: int) -> Interrupt:
-    it = Interrupt.objects.filter(Interrupt.visible_to([token.team_id]), pk=interrupt_id).first()
-    if it is None:
-        raise HttpError(404, "Not Found")
-    return it
+    try:
+        return Interrupt.objects.get(Interrupt.visible_to([token.team_id]), pk=interrupt_id)
+    except Interrupt.DoesNotExist:
+        raise HttpError(404, "Not Found") from None
 
 
 # Waiting: `Prefer: wait=N` (RFC 7240) holds the response until the run settles.

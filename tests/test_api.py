@@ -103,6 +103,30 @@ def test_a_paused_runs_description_reads_the_run_and_its_interrupt_in_one_query_
         assert endpoints.run_out(request, run)["interrupt"] is None
 
 
+def test_a_requests_lookups_of_one_row_sort_nothing(api: Api) -> None:
+    """The token every request checks, and the interrupt a resume names, are one row or none:
+    read without the models' ORDER BY (the token's, by team name, joined the team to sort one
+    row, and compiling it was a third of the query's cost on every request)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    started = api.post(
+        "/runs", {"action": "send_invoice", "input": {"invoice_id": "Q-2", "amount": 3}}
+    ).json()
+    with CaptureQueriesContext(connection) as queries:
+        resumed = api.post(f"/interrupts/{started['interrupt']['id']}/resume", {"data": {"approved": True}})
+    assert resumed.status_code == 200 and resumed.json()["status"] == "completed"
+    lookups = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT")]
+    token = [sql for sql in lookups if 'FROM "actions_apitoken"' in sql]
+    interrupt = [
+        sql for sql in lookups if 'FROM "actions_interrupt"' in sql and '"actions_interrupt"."id" =' in sql
+    ]
+    assert token and interrupt
+    assert not [sql for sql in token + interrupt if "ORDER BY" in sql]
+    assert api.post("/interrupts/999999/resume", {"data": {}}).status_code == 404
+    assert Api(api.client, "gl_not-a-token").get("/runs/1").status_code == 401
+
+
 def test_the_run_has_its_transcript_in_order(api: Api, requester_approves: None) -> None:
     run = api.post("/runs", {"action": "transfer_funds", "input": {"amount": 2000, "to": "X"}}).json()
     second = api.post(f"/interrupts/{run['interrupt']['id']}/resume", {"data": {"approved": True}}).json()
