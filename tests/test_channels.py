@@ -31,6 +31,7 @@ from actions.models import (
     Team,
     TeamChannels,
     TeamRule,
+    Webhook,
 )
 from actions.notify import delivery
 from tests.conftest import member
@@ -243,23 +244,27 @@ def test_an_approval_decided_before_it_was_told_asks_no_one_and_goes_to_no_sende
     team: Team, people: dict[str, User], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Answered within the gathering time (an API caller, an agent): the requests for that
-    decision are recorded as not sent, saying why, in the transaction that tells the event, and
-    no sender is handed them. What else the event tells still goes."""
+    decision to people are recorded as not sent, saying why, in the transaction that tells the
+    event, and no sender is handed them. What else the event tells still goes: its webhook, and
+    the answer to whoever asked."""
+    hook = Webhook.objects.create(team=team, url="http://127.0.0.1:9/hook", events=["interrupt.created"])
     handed: list[list[int]] = []
     monkeypatch.setattr(delivery, "schedule_all", lambda ids, **kwargs: handed.append(list(ids)))
     interrupt = start(team, by=people["second"])
     engine.resume(interrupt, {"approved": True}, people["reviewer"])
     told()
-    asked = Notification.objects.filter(type="interrupt.created")
+    asked = Notification.objects.filter(type="interrupt.created", webhook=None)
     assert sorted(
         asked.values_list("recipient__username", "outcome", "attempts", "delivery_attempts__error")
     ) == [
         ("reviewer1", "skipped", 1, "not sent: it was approved meanwhile"),
         ("reviewer2", "skipped", 1, "not sent: it was approved meanwhile"),
     ]
+    told_hook = Notification.objects.get(type="interrupt.created", webhook=hook)
+    assert told_hook.outcome == "pending" and told_hook.attempts == 0
     answered = Notification.objects.get(type="interrupt.decided", channel="email")
     assert answered.recipient == people["second"] and answered.outcome == "pending", "the asker hears of it"
-    assert sorted(pk for ids in handed for pk in ids) == [answered.pk]
+    assert sorted(pk for ids in handed for pk in ids) == sorted([told_hook.pk, answered.pk])
 
 
 @pytest.fixture

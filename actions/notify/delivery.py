@@ -246,16 +246,18 @@ def skip_decided(notification_ids: Collection[int]) -> set[int]:
     sent by anyone, are skipped together, as ``deliver`` would have skipped each (``still_for``):
     one transaction for a batch, not a claim, a read and a record for each of a team's mails.
     Which were skipped."""
-    decided = [status for status in Interrupt.Status.values if status != Interrupt.Status.PENDING]
+    decided_statuses = [status for status in Interrupt.Status.values if status != Interrupt.Status.PENDING]
     unwanted = Notification.objects.filter(
         pk__in=list(notification_ids),
         outcome=Outcome.PENDING,
         next_attempt_at__lte=timezone.now(),
         type__in=ASKS_DECISION,
-        # An inactive recipient's is skipped for that (still_for's first reason).
+        webhook=None,  # a webhook tells whatever happened (deliver() asks still_for only of people's)
+        # An inactive recipient's is skipped for that (still_for's first reason). Slack's posts
+        # to a channel (no recipient) still go: they show how it was decided.
         recipient__is_active=True,
-        event__interrupt__status__in=decided,
-    )
+        event__interrupt__status__in=decided_statuses,
+    ).order_by()
     if not unwanted.exists():  # mostly so: one query, and no transaction
         return set()
     with transaction.atomic():
@@ -268,7 +270,7 @@ def skip_decided(notification_ids: Collection[int]) -> set[int]:
         if not rows:
             return set()
         skipped = {pk for pk, _ in rows}
-        Notification.objects.filter(pk__in=skipped).update(
+        Notification.objects.filter(pk__in=skipped, outcome=Outcome.PENDING).update(
             outcome=Outcome.SKIPPED, attempts=F("attempts") + 1
         )
         DeliveryAttempt.objects.bulk_create(

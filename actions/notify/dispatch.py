@@ -118,7 +118,8 @@ class Subscribers:
 
 
 def fan_out(event: RunEvent, subscribers: Subscribers | None = None) -> list[Notification]:
-    """The event's notifications, not yet saved (the caller saves them with its Fanout row)."""
+    """The event's notifications, not yet saved (the caller saves them with its Fanout row, and
+    the delivery attempts of those made skipped)."""
     kind = event_type(event)
     if kind is None:
         return []
@@ -304,26 +305,32 @@ _TURNS = [threading.Lock() for _ in range(64)]
 
 
 class _Recent:
-    """The events this process told lately: a dispatch that waited its turn for one finds it
-    told without asking the database (the processes that paused and decided a run each ask for
-    a dispatch: two tasks, each listing the same events). Known by id and time, so that an id
-    used again (a database restored or emptied under a running worker) is not taken for the one
-    told. Bounded; what it forgot, the Fanout row says."""
+    """The events this process told in the last minute: a dispatch that waited its turn for one
+    finds it told without asking the database (the processes that paused and decided a run each
+    ask for a dispatch: two tasks, each listing the same events). Known by id and time, so that
+    an id used again (a database emptied under a running worker) is not taken for the one told;
+    forgotten after a minute, so that what a restored database lost is told again by the next
+    round. Bounded; what it forgot, the Fanout row says."""
+
+    SECONDS = 60.0
 
     def __init__(self, size: int = 4096) -> None:
         self._order: collections.deque[tuple[int, Any]] = collections.deque(maxlen=size)
-        self._keys: set[tuple[int, Any]] = set()
+        self._told_at: dict[tuple[int, Any], float] = {}
         self._lock = threading.Lock()
 
     def add(self, event: RunEvent) -> None:
+        key = (event.pk, event.at)
         with self._lock:
-            if len(self._order) == self._order.maxlen:
-                self._keys.discard(self._order[0])
-            self._order.append((event.pk, event.at))
-            self._keys.add((event.pk, event.at))
+            if key not in self._told_at:
+                if len(self._order) == self._order.maxlen:
+                    self._told_at.pop(self._order[0], None)
+                self._order.append(key)
+            self._told_at[key] = time.monotonic()
 
     def has(self, event: RunEvent) -> bool:
-        return (event.pk, event.at) in self._keys
+        told_at = self._told_at.get((event.pk, event.at))
+        return told_at is not None and time.monotonic() - told_at < self.SECONDS
 
 
 _told = _Recent()
