@@ -1,10 +1,13 @@
-"""What every channel shares: the failure a transport reports, and the site's own links."""
+"""What every channel shares: the failure a transport reports, why a notification is not sent, and
+the site's own links."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 
-from actions.models import Notification, Preferences, Team
+from actions.models import DeliveryAttempt, Interrupt, Notification, Preferences, Team
 
 # The events that ask someone anew (a Slack message is posted for them), and those that ask for
 # a decision (a mail carries its link): the reminder asks again, in the same place.
@@ -26,6 +29,21 @@ class NotSent(Exception):
     that does not exist): recorded, not sent, not retried."""
 
 
+def decided_meanwhile(kind: str, interrupt_status: str) -> str:
+    """Why a request to a person for a decision is not to be sent, or "": the interrupt it asks
+    about was decided (or expired, or cancelled) since. The first of still_for's reasons that
+    needs no query; fan_out and skip_decided tell it as well, before any sender has it."""
+    if kind in ASKS_DECISION and interrupt_status != Interrupt.Status.PENDING:
+        return f"it was {interrupt_status} meanwhile"
+    return ""
+
+
+def not_sent(why: str, **notification: Any) -> DeliveryAttempt:
+    """The attempt that records a notification skipped (``notification`` or
+    ``notification_id``), saying why. Not saved."""
+    return DeliveryAttempt(ok=False, error=f"not sent: {why}"[:500], **notification)
+
+
 def still_for(notification: Notification) -> str:
     """Why a person's notification must not be sent now, or "". Its recipients were chosen when
     the event was fanned out; a digest or a retry may send it an hour later."""
@@ -36,8 +54,8 @@ def still_for(notification: Notification) -> str:
         return "the recipient's account is disabled"
     interrupt = notification.event.interrupt if notification.event is not None else None
     # What needs no query first: a request for a decision that was made meanwhile.
-    if interrupt is not None and notification.type in ASKS_DECISION and not interrupt.is_pending:
-        return f"it was {interrupt.status} meanwhile"
+    if interrupt is not None and (why := decided_meanwhile(notification.type, interrupt.status)):
+        return why
     prefs = Preferences.objects.filter(user=user).first()
     if notification.channel == Notification.Channel.EMAIL and prefs is not None and not prefs.email:
         return "the recipient turned mail off"

@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from actions.models import DeliveryAttempt, Interrupt, Notification, Webhook
 from actions.notify import email, process, slack, webhook
-from actions.notify.base import ASKS_DECISION, DeliveryFailed, NotSent, still_for
+from actions.notify.base import ASKS_DECISION, DeliveryFailed, NotSent, decided_meanwhile, not_sent, still_for
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def _record(
 def skip(notification: Notification, why: str) -> None:
     """Not sent, and not to be: the attempt says why."""
     with transaction.atomic():
-        DeliveryAttempt.objects.create(notification=notification, ok=False, error=f"not sent: {why}"[:500])
+        not_sent(why, notification=notification).save()
         Notification.objects.filter(pk=notification.pk, outcome=Outcome.PENDING).update(
             outcome=Outcome.SKIPPED
         )
@@ -264,18 +264,17 @@ def skip_decided(notification_ids: Collection[int]) -> set[int]:
         # Locked until the outcome is written: a sender skipping the same rows skips others.
         rows = list(
             unwanted.select_for_update(skip_locked=True, of=("self",)).values_list(
-                "pk", "event__interrupt__status"
+                "pk", "type", "event__interrupt__status"
             )
         )
         if not rows:
             return set()
-        skipped = {pk for pk, _ in rows}
+        skipped = {pk for pk, _, _ in rows}
         Notification.objects.filter(pk__in=skipped, outcome=Outcome.PENDING).update(
             outcome=Outcome.SKIPPED, attempts=F("attempts") + 1
         )
         DeliveryAttempt.objects.bulk_create(
-            DeliveryAttempt(notification_id=pk, ok=False, error=f"not sent: it was {status} meanwhile")
-            for pk, status in rows
+            not_sent(decided_meanwhile(kind, status), notification_id=pk) for pk, kind, status in rows
         )
     return skipped
 

@@ -29,7 +29,7 @@ from actions.models import (
     TeamChannels,
     Webhook,
 )
-from actions.notify.base import ASKS_ANEW, ASKS_DECISION, absolute
+from actions.notify.base import ASKS_ANEW, absolute, decided_meanwhile, not_sent
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def fan_out(event: RunEvent, subscribers: Subscribers | None = None) -> list[Not
     # Asking people for a decision made before this event was told (an API caller or an agent
     # answered within the gathering time): made skipped, saying why (still_for's reason), and
     # handed to no sender.
-    decided = it is not None and kind in ASKS_DECISION and not it.is_pending
+    decided = decided_meanwhile(kind, it.status) if it is not None else ""
 
     def notify(channel: str, key: str, payload: dict[str, Any], **fields: Any) -> None:
         notification = Notification(
@@ -151,9 +151,9 @@ def fan_out(event: RunEvent, subscribers: Subscribers | None = None) -> list[Not
             payload=payload,
             **fields,
         )
-        if decided and it is not None and fields.get("recipient") is not None:
+        if decided and fields.get("recipient") is not None:
             notification.outcome, notification.attempts = Notification.Outcome.SKIPPED, 1
-            setattr(notification, SKIPPED_BECAUSE, f"it was {it.status} meanwhile")
+            setattr(notification, SKIPPED_BECAUSE, decided)
         made.append(notification)
 
     for hook in subscribers.hooks(team_ids, event.at):
@@ -395,9 +395,7 @@ def _tell(event: RunEvent, subscribers: Subscribers) -> list[Notification] | Non
                 # One insert for a big team's notifications, not one each.
                 made = Notification.objects.bulk_create(notifications)
                 DeliveryAttempt.objects.bulk_create(
-                    DeliveryAttempt(notification=n, ok=False, error=f"not sent: {why}"[:500])
-                    for n in made
-                    if (why := getattr(n, SKIPPED_BECAUSE, None))
+                    not_sent(why, notification=n) for n in made if (why := getattr(n, SKIPPED_BECAUSE, None))
                 )
         else:
             Fanout.objects.create(event=event)  # alone, a statement is a transaction of its own
