@@ -23,20 +23,51 @@ from standardwebhooks import Webhook as Signer
 from actions.models import Notification
 from actions.notify.base import DeliveryFailed
 
-# Public by Python's count, yet a way back into a private network: NAT64 and 6to4 embed an
-# IPv4 address that a gateway may route to.
-_TUNNELS = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("2002::/16"))
+# IPv6 forms that carry an IPv4 address, which a gateway, a tunnel or the host's own stack may
+# deliver to: Python's is_global judges the IPv6 prefix (and differs between versions on 6to4
+# and Teredo), not the IPv4 address inside, so ::127.0.0.1 and 64:ff9b::a00:5 pass it. An address
+# in one of these is as public as the IPv4 address it carries, and no more.
+_LAST_32_BITS = (
+    ipaddress.IPv6Network("::/96"),  # IPv4-compatible (deprecated, RFC 4291): ::a.b.c.d
+    ipaddress.IPv6Network("::ffff:0:0:0/96"),  # SIIT's IPv4-translated (RFC 6145): ::ffff:0:a.b.c.d
+    ipaddress.IPv6Network("64:ff9b::/96"),  # NAT64's well-known prefix (RFC 6052)
+)
+# NAT64's local-use prefix (RFC 8215): a site's own translator, with the IPv4 address wherever the
+# site's prefix length puts it, so there is no one place to read it from. Never public.
+_LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")
 PRIVATE = (
     "resolves to a private, loopback or link-local address (GRUNDLAG_WEBHOOK_ALLOW_PRIVATE=true allows it)"
 )
 
 
+def _embedded(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address] | None:
+    """The IPv4 addresses this IPv6 address carries, where it is a form that carries any."""
+    if address.ipv4_mapped is not None:  # ::ffff:a.b.c.d
+        return [address.ipv4_mapped]
+    if address.sixtofour is not None:  # 2002:AABB:CCDD::/48, 6to4 (RFC 3056)
+        return [address.sixtofour]
+    if address.teredo is not None:
+        # 2001::/32 (RFC 4380): the client's address is where the packets go; a relay may ask
+        # the server to reach it, so both must be public.
+        server, client = address.teredo
+        return [server, client]
+    if any(address in network for network in _LAST_32_BITS):
+        return [ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)]
+    return None
+
+
 def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    if any(address in network for network in _TUNNELS):
+    """Whether a webhook may be sent to this address: a global unicast address, and for an IPv6
+    address that carries an IPv4 one (above), that IPv4 address is."""
+    if address.is_multicast:
         return False
-    return address.is_global and not address.is_multicast
+    if isinstance(address, ipaddress.IPv6Address):
+        if address in _LOCAL_NAT64:
+            return False
+        embedded = _embedded(address)
+        if embedded is not None:
+            return all(_public(inner) for inner in embedded)
+    return address.is_global
 
 
 def _resolve(url: str) -> tuple[str, list[str]]:
