@@ -28,10 +28,12 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar, cast
+from urllib.parse import urlparse
 
 import mcp_types as types
 from asgiref.sync import ThreadSensitiveContext
 from channels.db import database_sync_to_async
+from channels.security.websocket import OriginValidator
 from django.conf import settings
 from django.core import signing
 from django.http.request import split_domain_port, validate_host
@@ -476,10 +478,23 @@ async def _respond(send: Any, status: int, body: dict[str, Any], headers: list[t
     await send({"type": "http.response.body", "body": json.dumps(body).encode()})
 
 
+def origin_allowed(origin: bytes) -> bool:
+    """Whether a page of this origin (an ``Origin`` header) may call: one of
+    GRUNDLAG_ALLOWED_ORIGINS, matched by channels' OriginValidator as the websocket's are."""
+    try:
+        parsed = urlparse(origin.decode("latin-1"))
+        return bool(OriginValidator(None, settings.GRUNDLAG_ALLOWED_ORIGINS).validate_origin(parsed))
+    except ValueError:  # not a URL, or a port that is not a number
+        return False
+
+
 class Endpoint:
-    """The ASGI app at /mcp/: the API's bearer token, the site's allowed hosts, then the SDK's
-    Streamable HTTP transport (stateless). Daphne sends no lifespan events: the SDK's session
-    manager is started by the first request, in a task of its own that lives with the process."""
+    """The ASGI app at /mcp/: the site's allowed hosts and origins, the API's bearer token, then
+    the SDK's Streamable HTTP transport (stateless). An ``Origin`` header says a browser sent
+    the request: from a page not allowed, it is refused (403) before anything else, as the
+    transport's spec asks against DNS rebinding; MCP clients that are programs send none.
+    Daphne sends no lifespan events: the SDK's session manager is started by the first
+    request, in a task of its own that lives with the process."""
 
     def __init__(self, server: Server[Any]) -> None:
         self.server = server
@@ -517,6 +532,10 @@ class Endpoint:
         host, _ = split_domain_port(headers.get(b"host", b"").decode("latin-1"))
         if not validate_host(host, settings.ALLOWED_HOSTS):
             await _respond(send, 400, {"error": "bad_request", "error_description": "Host not allowed"}, [])
+            return
+        origin = headers.get(b"origin")
+        if origin is not None and not origin_allowed(origin):
+            await _respond(send, 403, {"error": "forbidden", "error_description": "Origin not allowed"}, [])
             return
         token = await _db(ApiToken.from_authorization)(headers.get(b"authorization", b"").decode("latin-1"))
         if token is None:

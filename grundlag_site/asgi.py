@@ -11,7 +11,8 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from channels.security.websocket import OriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
 
 from actions import mcp  # noqa: E402
 from actions.web import waiting  # noqa: E402
@@ -21,7 +22,10 @@ application = ProtocolTypeRouter(
     {
         # /mcp/: agent hosts call the team's actions as MCP tools (actions.mcp); the rest is Django.
         "http": mcp.mount(django_asgi_app),
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        # The pages that may open it are those that may call /mcp/ (which checks them itself).
+        "websocket": OriginValidator(
+            AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), settings.GRUNDLAG_ALLOWED_ORIGINS
+        ),
     }
 )
 

@@ -16,6 +16,7 @@ import tempfile
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import dj_database_url
 import django_stubs_ext
@@ -397,6 +398,50 @@ GRUNDLAG_INLINE_STEPS = envbool("GRUNDLAG_INLINE_STEPS", "false")
 GRUNDLAG_MAX_PAYLOAD_BYTES = envint("GRUNDLAG_MAX_PAYLOAD_BYTES", str(256 * 1024), minimum=1024)
 # A request carries at most one payload plus its envelope.
 DATA_UPLOAD_MAX_MEMORY_SIZE = GRUNDLAG_MAX_PAYLOAD_BYTES + 64 * 1024
+
+
+def envorigins(name: str, default: list[str]) -> list[str]:
+    """Origins as channels' OriginValidator matches them: "*", "scheme://host[:port]" (http or
+    https), or a bare host (".example.com": it and its subdomains), any scheme and port."""
+    origins = envlist(name, "") or default
+    for origin in origins:
+        if origin == "*":
+            continue
+        parts = urlsplit(origin if "://" in origin else f"//{origin}")
+        try:
+            parts.port  # noqa: B018 - raises on a bad port
+        except ValueError:
+            raise ImproperlyConfigured(f"{name}: {origin!r} has a bad port") from None
+        if (
+            parts.scheme not in ("", "http", "https")
+            or not parts.hostname
+            or parts.path not in ("", "/")
+            or parts.query
+            or parts.username
+        ):
+            raise ImproperlyConfigured(
+                f"{name} must list origins (https://host[:port]) or hosts (.example.com), got {origin!r}"
+            )
+    return origins
+
+
+def _origin(url: str) -> list[str]:
+    """The URL's origin (scheme://host[:port]), as a list of one; none when it has no host."""
+    parts = urlsplit(url)
+    if not (parts.scheme and parts.hostname):
+        return []
+    return [f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}".lower()]
+
+
+# The pages (by their Origin header) that may open the live websocket and call /mcp/: one list
+# for both. A websocket from another origin, or without one, is closed; a request to /mcp/ whose
+# Origin is another gets 403 before anything runs, while one without an Origin (a program, not a
+# browser) goes on to the token check: the MCP transport's guard against DNS rebinding. By
+# default the hosts of ALLOWED_HOSTS (what the websocket allowed before; "*" is not carried
+# over: a site that takes any Host needs this list all the more) and GRUNDLAG_BASE_URL's origin.
+GRUNDLAG_ALLOWED_ORIGINS = envorigins(
+    "GRUNDLAG_ALLOWED_ORIGINS", [host for host in ALLOWED_HOSTS if host != "*"] + _origin(GRUNDLAG_BASE_URL)
+)
 GRUNDLAG_MAX_WAIT_SECONDS = 30
 # A request waiting with `Prefer: wait` is woken by the run's change (the engine's signal in
 # this process; PostgreSQL's NOTIFY from any). Should that be lost, it reads the run again

@@ -1,5 +1,7 @@
 """The edges of a tenant's isolation from the server's own network and from other sites (issue
-35): webhook endpoints that hide a private IPv4 address in an IPv6 one."""
+35): webhook endpoints that hide a private IPv4 address in an IPv6 one, and /mcp/ called by a
+page of another origin. The ASGI tests talk to the site's own ASGI application
+(grundlag_site.asgi), daphne's view of it, with channels' communicators."""
 
 from __future__ import annotations
 
@@ -7,12 +9,17 @@ import json
 from typing import Any
 
 import pytest
+from channels.db import database_sync_to_async
+from channels.testing import HttpCommunicator, WebsocketCommunicator
+from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.test import Client
 
 from actions import engine, notify
-from actions.models import DeliveryAttempt, Team, Webhook
+from actions.models import DeliveryAttempt, Run, Team, Webhook
 from actions.notify import webhook
+from grundlag_site.asgi import application
+from tests.test_settings import start_with
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -88,3 +95,107 @@ def test_an_endpoint_that_hides_a_private_address_gets_no_delivery(team: Team, r
     (attempt,) = DeliveryAttempt.objects.all()
     assert not attempt.ok and attempt.status_code is None
     assert attempt.error.startswith("refused:") and PRIVATE in attempt.error
+
+
+# /mcp/ and the live websocket: pages of the allowed origins only.
+
+
+# The MCP endpoint's session manager runs in a task of the loop of the first call, for the
+# process's life (as in daphne's one loop): the calls of these tests share one loop.
+in_one_loop = pytest.mark.asyncio(loop_scope="module")
+
+
+def mcp_call(key: str, text: str, origin: str | None = None) -> HttpCommunicator:
+    """A tools/call of the tests' `noted` action, as one POST to /mcp/."""
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "noted", "arguments": {"text": text}},
+    }
+    headers = [
+        (b"host", b"testserver"),
+        (b"authorization", f"Bearer {key}".encode()),
+        (b"content-type", b"application/json"),
+        (b"accept", b"application/json, text/event-stream"),
+        (b"mcp-protocol-version", b"2025-11-25"),
+    ]
+    if origin is not None:
+        headers.append((b"origin", origin.encode()))
+    return HttpCommunicator(application, "POST", "/mcp/", body=json.dumps(body).encode(), headers=headers)
+
+
+@in_one_loop
+@pytest.mark.parametrize("origin", ["http://evil.example", "null", "http://localhost.evil.example"])
+async def test_mcp_refuses_a_page_of_another_origin_before_anything_runs(
+    token_key: str, ran: list[str], origin: str
+) -> None:
+    response = await mcp_call(token_key, "from a foreign page", origin).get_response(timeout=10)
+    assert response["status"] == 403
+    assert json.loads(response["body"])["error_description"] == "Origin not allowed"
+    assert ran == [] and not await Run.objects.aexists()
+
+
+@in_one_loop
+async def test_mcp_runs_a_call_without_an_origin(token_key: str, ran: list[str]) -> None:
+    response = await mcp_call(token_key, "from a program").get_response(timeout=10)
+    assert response["status"] == 200 and b'"noted\\": \\"from a program\\"' in response["body"]
+    assert ran == ["from a program"]
+
+
+@in_one_loop
+async def test_mcp_runs_a_call_from_a_page_of_the_site(token_key: str, ran: list[str]) -> None:
+    site = django_settings.GRUNDLAG_BASE_URL  # its origin is allowed by default, as the hosts are
+    for origin in (site, "http://testserver", "https://localhost:8443"):
+        response = await mcp_call(token_key, origin, origin).get_response(timeout=10)
+        assert response["status"] == 200, response["body"]
+    assert ran == [site, "http://testserver", "https://localhost:8443"]
+
+
+@in_one_loop
+async def test_mcp_follows_the_allowed_origins_setting(token_key: str, ran: list[str], settings: Any) -> None:
+    settings.GRUNDLAG_ALLOWED_ORIGINS = ["https://approvals.example.com"]
+    allowed = await mcp_call(token_key, "allowed", "https://approvals.example.com").get_response(timeout=10)
+    assert allowed["status"] == 200
+    other_port = await mcp_call(token_key, "no", "https://approvals.example.com:8443").get_response(
+        timeout=10
+    )
+    no_longer = await mcp_call(token_key, "no", "http://testserver").get_response(timeout=10)
+    assert other_port["status"] == no_longer["status"] == 403
+    assert ran == ["allowed"]
+
+
+@database_sync_to_async
+def session_cookie(user: User) -> bytes:
+    client = Client()
+    client.force_login(user)
+    return f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+async def socket_from(origin: bytes, cookie: bytes) -> tuple[bool, WebsocketCommunicator]:
+    communicator = WebsocketCommunicator(
+        application, "/ws/inbox/", headers=[(b"cookie", cookie), (b"origin", origin)]
+    )
+    connected, _ = await communicator.connect()
+    return connected, communicator
+
+
+async def test_the_live_socket_admits_the_same_origins_as_mcp(team: Team, reviewer: User) -> None:
+    cookie = await session_cookie(reviewer)
+    # The site's address, and a host of ALLOWED_HOSTS on any port (`make run`, the test servers).
+    for origin in (django_settings.GRUNDLAG_BASE_URL, "http://127.0.0.1:54321"):
+        connected, communicator = await socket_from(origin.encode(), cookie)
+        assert connected and (await communicator.receive_json_from())["event"] == "hello"
+        await communicator.disconnect()
+    # A reviewer's own session, from a page elsewhere: refused all the same.
+    connected, _ = await socket_from(b"http://evil.example", cookie)
+    assert not connected
+
+
+@pytest.mark.parametrize(
+    "origins", ["ftp://files.example.com", "https://example.com/path", "https://", "http://example.com:port"]
+)
+def test_an_allowed_origin_that_is_no_origin_stops_the_process_naming_the_variable(origins: str) -> None:
+    result = start_with(GRUNDLAG_ALLOWED_ORIGINS=origins)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured: GRUNDLAG_ALLOWED_ORIGINS" in result.stderr
