@@ -509,7 +509,14 @@ class Endpoint:
             self._starting = asyncio.Lock()
         async with self._starting:
             if self._manager is None:
-                manager = StreamableHTTPSessionManager(app=self.server, stateless=True, json_response=False)
+                manager = StreamableHTTPSessionManager(
+                    app=self.server,
+                    stateless=True,
+                    json_response=False,
+                    # The site's one cap (BodyLimit refuses a bigger body before this sees it),
+                    # not the SDK's own 4 MiB.
+                    max_request_body_size=settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
+                )
                 ready = asyncio.Event()
 
                 async def run() -> None:

@@ -16,12 +16,14 @@ from django.conf import settings  # noqa: E402
 
 from actions import mcp  # noqa: E402
 from actions.web import waiting  # noqa: E402
+from actions.web.middleware import BodyLimit  # noqa: E402
 from actions.web.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # /mcp/: agent hosts call the team's actions as MCP tools (actions.mcp); the rest is Django.
-        "http": mcp.mount(django_asgi_app),
+        # Every body is capped before either reads it (Django's handler would read it whole).
+        "http": BodyLimit(mcp.mount(django_asgi_app)),
         # The pages that may open it are those that may call /mcp/ (which checks them itself).
         "websocket": OriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), settings.GRUNDLAG_ALLOWED_ORIGINS

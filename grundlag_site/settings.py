@@ -398,6 +398,8 @@ GRUNDLAG_INLINE_STEPS = envbool("GRUNDLAG_INLINE_STEPS", "false")
 GRUNDLAG_MAX_PAYLOAD_BYTES = envint("GRUNDLAG_MAX_PAYLOAD_BYTES", str(256 * 1024), minimum=1024)
 # A request carries at most one payload plus its envelope.
 DATA_UPLOAD_MAX_MEMORY_SIZE = GRUNDLAG_MAX_PAYLOAD_BYTES + 64 * 1024
+# Enforced before a body reaches Django, by its Content-Length or as it streams in, with 413
+# (actions.web.middleware.BodyLimit, in front of the whole ASGI app, /mcp/ included).
 
 
 def envorigins(name: str, default: list[str]) -> list[str]:

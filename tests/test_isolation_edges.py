@@ -1,7 +1,8 @@
 """The edges of a tenant's isolation from the server's own network and from other sites (issue
-35): webhook endpoints that hide a private IPv4 address in an IPv6 one, and /mcp/ called by a
-page of another origin. The ASGI tests talk to the site's own ASGI application
-(grundlag_site.asgi), daphne's view of it, with channels' communicators."""
+35): webhook endpoints that hide a private IPv4 address in an IPv6 one, /mcp/ called by a page
+of another origin, and request bodies past the cap. The ASGI tests talk to the site's own ASGI
+application (grundlag_site.asgi), daphne's view of it, with channels' and asgiref's
+communicators."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.testing import HttpCommunicator, WebsocketCommunicator
+from channels.testing import ApplicationCommunicator, HttpCommunicator, WebsocketCommunicator
 from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.test import Client
@@ -199,3 +200,110 @@ def test_an_allowed_origin_that_is_no_origin_stops_the_process_naming_the_variab
     result = start_with(GRUNDLAG_ALLOWED_ORIGINS=origins)
     assert result.returncode != 0
     assert "ImproperlyConfigured: GRUNDLAG_ALLOWED_ORIGINS" in result.stderr
+
+
+# Bodies past the cap: 413 before the app reads them.
+
+CAP = django_settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+CHUNK = 64 * 1024
+
+
+def http_scope(path: str, headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"testserver"), *headers],
+        "client": ("127.0.0.1", 40000),
+        "server": ("testserver", 80),
+    }
+
+
+async def response_of(communicator: ApplicationCommunicator) -> tuple[int, dict[bytes, bytes], bytes]:
+    start = await communicator.receive_output(timeout=10)
+    assert start["type"] == "http.response.start"
+    body = b""
+    while True:
+        message = await communicator.receive_output(timeout=10)
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            return start["status"], dict(start["headers"]), body
+
+
+def said(path: str, content_type: bytes, body: bytes) -> str:
+    """The refusal's text: the API's error shape under /api/ and /mcp/, plain text elsewhere."""
+    if path == "/slack/interactions":
+        assert content_type.startswith(b"text/plain")
+        return body.decode()
+    assert content_type == b"application/json"
+    return str(json.loads(body)["detail"])
+
+
+PATHS = ["/api/runs", "/mcp/", "/slack/interactions"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_body_declared_over_the_cap_is_refused_before_any_of_it_arrives(
+    path: str, token_key: str, ran: list[str]
+) -> None:
+    declared = 300 * 1024 * 1024
+    headers = [
+        (b"authorization", f"Bearer {token_key}".encode()),
+        (b"content-type", b"application/json"),
+        (b"content-length", str(declared).encode()),
+    ]
+    communicator = ApplicationCommunicator(application, http_scope(path, headers))
+    # Not a byte of the body is sent: an app that waited for it would never answer.
+    status, response_headers, body = await response_of(communicator)
+    assert status == 413
+    text = said(path, response_headers[b"content-type"], body)
+    assert text == f"the request body is {declared} bytes; the limit is {CAP} bytes"
+    assert ran == [] and not await Run.objects.aexists()
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_streamed_body_is_refused_once_past_the_cap_and_read_no_further(
+    path: str, token_key: str, ran: list[str]
+) -> None:
+    headers = [
+        (b"authorization", f"Bearer {token_key}".encode()),
+        (b"content-type", b"application/json"),
+        (b"transfer-encoding", b"chunked"),
+    ]
+    communicator = ApplicationCommunicator(application, http_scope(path, headers))
+    sent = CAP // CHUNK + 6
+    for _ in range(sent):
+        await communicator.send_input({"type": "http.request", "body": b"x" * CHUNK, "more_body": True})
+    status, response_headers, body = await response_of(communicator)
+    assert status == 413
+    assert (
+        said(path, response_headers[b"content-type"], body)
+        == f"the request body is over the limit of {CAP} bytes"
+    )
+    # Read up to one byte past the cap, and no further.
+    assert communicator.input_queue.qsize() == sent - (CAP // CHUNK + 1)
+    assert ran == [] and not await Run.objects.aexists()
+
+
+async def test_a_streamed_body_within_the_cap_reaches_the_api_whole(token_key: str, ran: list[str]) -> None:
+    headers = [
+        (b"authorization", f"Bearer {token_key}".encode()),
+        (b"content-type", b"application/json"),
+        (b"transfer-encoding", b"chunked"),
+    ]
+    communicator = ApplicationCommunicator(application, http_scope("/api/runs", headers))
+    body = json.dumps({"action": "noted", "input": {"text": "in pieces" + " " * (CAP // 2)}}).encode()
+    pieces = [body[i : i + CHUNK] for i in range(0, len(body), CHUNK)]
+    for n, piece in enumerate(pieces):
+        await communicator.send_input(
+            {"type": "http.request", "body": piece, "more_body": n < len(pieces) - 1}
+        )
+    status, _, answer = await response_of(communicator)
+    assert status < 300, answer
+    assert [text.strip() for text in ran] == ["in pieces"]

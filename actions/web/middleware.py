@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from datetime import timedelta
@@ -39,9 +40,17 @@ class DatabaseUnavailableMiddleware:
         return HttpResponse(body, status=503)
 
 
+def too_large(length: int | None, limit: int) -> str:
+    """What a client whose body is over the limit is told (``length``: as declared, if it was)."""
+    if length is None:
+        return f"the request body is over the limit of {limit} bytes"
+    return f"the request body is {length} bytes; the limit is {limit} bytes"
+
+
 class RequestSizeLimitMiddleware:
-    """Refuse a request body over the limit with 413 naming the limit, before it is read.
-    (Without this, Django answers a plain 400 page when the view reads the body.)"""
+    """Refuse a request body over the limit with 413 naming the limit, by its Content-Length.
+    (Without this, Django answers a plain 400 page when the view reads the body.) Under daphne
+    BodyLimit has refused it before Django read it; this is for WSGI and Django's test client."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -53,11 +62,85 @@ class RequestSizeLimitMiddleware:
         except ValueError:
             length = 0
         if limit is not None and length > limit:
-            detail = f"the request body is {length} bytes; the limit is {limit} bytes"
+            detail = too_large(length, limit)
             if request.path.startswith("/api/"):
                 return JsonResponse({"detail": detail}, status=413)
             return HttpResponse(detail, status=413, content_type="text/plain")
         return self.get_response(request)
+
+
+class BodyLimit:
+    """ASGI, in front of the whole HTTP app (grundlag_site.asgi): a request body over
+    DATA_UPLOAD_MAX_MEMORY_SIZE is answered 413 and never handed on. Django's ASGI handler reads
+    a body whole (to a spooled file) before any middleware of its own runs, and a body without
+    a Content-Length (chunked) would then be read whole into memory by ``request.body``: the cap
+    must come before it. A Content-Length over the cap is refused without reading anything; a
+    body without one is read up to one byte past the cap, and refused there. The error is the
+    API's (``{"detail": ...}``) under /api/ and /mcp/, plain text elsewhere.
+
+    Daphne itself (Twisted) takes in a whole body, to a temporary file and then into the app's
+    queue, before it calls the app: what this spares is Django's copy and its reading, not
+    daphne's. To stop an upload at the door, cap it in front of daphne as well (the proxy's
+    client_max_body_size, at DATA_UPLOAD_MAX_MEMORY_SIZE)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        if scope["type"] != "http" or limit is None:
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None:
+            try:
+                length = int(declared)
+            except ValueError:
+                length = -1  # the server's to refuse; nothing to count here
+            if length > limit:
+                await self.refuse(scope, send, too_large(length, limit))
+                return
+            if length >= 0:
+                # The server hands on no more than it declares.
+                await self.app(scope, receive, send)
+                return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                await self.app(scope, _replay([message], receive), send)
+                return
+            body += message.get("body", b"")
+            if len(body) > limit:
+                await self.refuse(scope, send, too_large(None, limit))
+                return
+            if not message.get("more_body", False):
+                break
+        whole = {"type": "http.request", "body": bytes(body), "more_body": False}
+        await self.app(scope, _replay([whole], receive), send)
+
+    @staticmethod
+    async def refuse(scope: dict[str, Any], send: Any, detail: str) -> None:
+        path = str(scope.get("path", ""))
+        if path.startswith(("/api/", "/mcp")):
+            body, content_type = json.dumps({"detail": detail}).encode(), b"application/json"
+        else:
+            body, content_type = detail.encode(), b"text/plain; charset=utf-8"
+        headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _replay(messages: list[dict[str, Any]], receive: Any) -> Any:
+    """A ``receive`` that gives ``messages`` first, then what ``receive`` gives (a disconnect)."""
+    pending = list(messages)
+
+    async def replayed() -> dict[str, Any]:
+        if pending:
+            return pending.pop(0)
+        return dict(await receive())
+
+    return replayed
 
 
 class ApiJsonErrorsMiddleware:
