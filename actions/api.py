@@ -69,6 +69,10 @@ PREFER_WAIT = {
     "description": "wait=N (at most 30): hold the answer up to N seconds for the run to settle",
     "schema": {"type": "string", "example": "wait=10"},
 }
+RATE_LIMITED = {
+    "description": "Over the token's rate of requests (GRUNDLAG_API_RATE): try again after Retry-After",
+    "headers": {"Retry-After": {"description": "Seconds to wait", "schema": {"type": "integer"}}},
+}
 
 
 class Api(NinjaAPI):
@@ -77,6 +81,8 @@ class Api(NinjaAPI):
         schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
         error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
         for path, operations in schema["paths"].items():
+            for operation in operations.values():
+                operation["responses"].setdefault("429", {**RATE_LIMITED, "content": error})
             if "post" in operations:
                 post = operations["post"]
                 post.setdefault("parameters", []).extend([IDEMPOTENCY_KEY, PREFER_WAIT])
@@ -94,6 +100,8 @@ api = Api(
     version="1.0",
     description="Start actions, read their runs, and answer the interrupts they pause on.",
     auth=TokenAuth(),
+    # Per token: settings.GRUNDLAG_API_RATE, 429 with Retry-After past it (as the MCP endpoint).
+    throttle=waiting.TokenRateThrottle(),
     urls_namespace="api",
 )
 

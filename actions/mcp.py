@@ -12,6 +12,8 @@ pauses waits in the team's inbox like any other; the call completes when a revie
   database, so a task outlives the process that made it and is answered by any other.
 - Otherwise the call waits for the run to finish, up to GRUNDLAG_MCP_WAIT_SECONDS, and then
   returns a result that says it is pending, with the link to it.
+- A token's requests count against the API's rate of requests (GRUNDLAG_API_RATE: 429 with
+  Retry-After, before the JSON-RPC is read).
 
 Arguments are checked against the action's input schema before anything is started: a bad
 call is an ``isError`` result naming the fields (so a model can correct it), and starts nothing.
@@ -31,11 +33,12 @@ from typing import Any, ParamSpec, TypeVar, cast
 from urllib.parse import urlparse
 
 import mcp_types as types
-from asgiref.sync import ThreadSensitiveContext
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from channels.db import database_sync_to_async
 from channels.security.websocket import OriginValidator
 from django.conf import settings
 from django.core import signing
+from django.http import HttpRequest
 from django.http.request import split_domain_port, validate_host
 from mcp.server import Server, ServerRequestContext
 from mcp.server.context import CallNext, HandlerResult
@@ -488,6 +491,16 @@ def origin_allowed(origin: bytes) -> bool:
         return False
 
 
+def _retry_after(token: ApiToken) -> int | None:
+    """None while the token is within its rate of requests (the API's, GRUNDLAG_API_RATE: one
+    budget for /api/ and /mcp/); else the seconds before it may ask again (Retry-After)."""
+    from actions.web import waiting
+
+    request = HttpRequest()
+    request.auth = token  # type: ignore[attr-defined]  # where ninja's authentication puts it
+    return waiting.TokenRateThrottle().retry_after(request)
+
+
 class Endpoint:
     """The ASGI app at /mcp/: the site's allowed hosts and origins, the API's bearer token, then
     the SDK's Streamable HTTP transport (stateless). An ``Origin`` header says a browser sent
@@ -552,6 +565,10 @@ class Endpoint:
         if scope["method"] == "GET":
             # Stateless: there is no stream for the server's own messages to offer.
             await _respond(send, 405, {"error": "method_not_allowed"}, [(b"allow", b"POST")])
+            return
+        if (retry_after := await sync_to_async(_retry_after, thread_sensitive=False)(token)) is not None:
+            body = {"error": "rate_limited", "error_description": "Too many requests for this token"}
+            await _respond(send, 429, body, [(b"retry-after", str(retry_after).encode())])
             return
         manager = await self.manager()
         reset = _token.set(token)

@@ -557,3 +557,22 @@ LOGGING = {
         "actions": {"handlers": ["console"], "level": os.getenv("LOG_LEVEL", "INFO"), "propagate": False}
     },
 }
+
+# Isolation: no token crowds out the others (actions.web.waiting).
+# Requests per token (per user, for a request signed in instead) to the API (/api/) and the MCP
+# endpoint (/mcp/): "N/period", the period s, sec, m, min, h, hour, d or day, optionally a
+# multiple ("100/10s"). Over it: 429 with Retry-After. The history is ninja's throttle's, in the
+# cache above: Redis, shared by every process, when REDIS_URL is set. "0" or empty: no limit.
+def envrate(name: str, default: str) -> str:
+    import re
+
+    value = os.getenv(name, default).strip()
+    if value in ("", "0"):
+        return ""
+    # What ninja's throttle parses (ninja.throttling.SimpleRateThrottle.parse_rate), counts above 0.
+    if not re.fullmatch(r"[1-9][0-9]*/([1-9][0-9]*)?(s|sec|m|min|h|hour|d|day)", value):
+        raise ImproperlyConfigured(f'{name} must be a rate such as "600/min" (or 0 for none), got {value!r}')
+    return value
+
+
+GRUNDLAG_API_RATE = envrate("GRUNDLAG_API_RATE", "600/min")

@@ -20,13 +20,18 @@ another process may run the step on a database without notifications).
 
 A wake-up through the channel layer (Redis pub/sub) was tried first and taken out: in one CI
 run it missed every push, for a reason never found. NOTIFY is the database's own, transactional,
-and needs nothing but the connection the engine already has."""
+and needs nothing but the connection the engine already has.
+
+What one token may take of a process, so that none stalls the others (the API's and the MCP
+endpoint's): its rate of requests (``TokenRateThrottle``, settings.GRUNDLAG_API_RATE; past it,
+429)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
@@ -36,9 +41,11 @@ from typing import Any, TypeVar
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.http import HttpRequest
+from ninja.throttling import BaseThrottle, SimpleRateThrottle
 
 from actions.engine import steps, store
-from actions.models import Run
+from actions.models import ApiToken, Run
 
 logger = logging.getLogger(__name__)
 
@@ -316,3 +323,60 @@ def _parsed(payload: str) -> tuple[int, str | None]:
     earlier version during a rolling upgrade, wakes every waiter of the run). Raises ValueError."""
     run_id, _, status = payload.partition(":")
     return int(run_id), status or None
+
+
+# What one token may take of a process
+
+
+class TokenRateThrottle(BaseThrottle):
+    """settings.GRUNDLAG_API_RATE per API token (per user, for a request signed in instead):
+    ninja's throttle (a sliding window of request times in Django's cache: Redis, shared by
+    every process, when there is one), keyed by the token's id, read from the settings at each
+    request. ninja keeps one throttle for every request of the API and its window of the request
+    being checked on the throttle, between allow_request() and wait(): here the window is one of
+    the request's own, kept for its thread (a sync view's request runs in a thread of its own;
+    an async view's checks run on the event loop with nothing in between)."""
+
+    def __init__(self) -> None:
+        self._checked = threading.local()
+
+    def allow_request(self, request: HttpRequest) -> bool:
+        rate = settings.GRUNDLAG_API_RATE
+        if not rate:
+            return True
+        window = _Window(rate)
+        self._checked.window = window
+        return window.allow_request(request)
+
+    def wait(self) -> float | None:
+        window: _Window = self._checked.window
+        return window.wait()
+
+    def retry_after(self, request: HttpRequest) -> int | None:
+        """For a caller outside ninja (the MCP endpoint): None while the request is allowed,
+        else the seconds its client should wait (Retry-After)."""
+        if self.allow_request(request):
+            return None
+        return math.ceil(self.wait() or 1)
+
+
+class _Window(SimpleRateThrottle):
+    """One request's check against the rate of its token or user."""
+
+    def get_cache_key(self, request: HttpRequest) -> str | None:
+        auth = getattr(request, "auth", None)
+        if isinstance(auth, ApiToken):
+            ident = f"token-{auth.pk}"
+        elif (user := getattr(request, "user", None)) is not None and user.is_authenticated:
+            ident = f"user-{user.pk}"
+        else:
+            return None  # refused without a token or a user anyway
+        return self.cache_format % {"scope": "grundlag", "ident": ident}
+
+    def wait(self) -> float | None:
+        # ninja's estimate, or (a history longer than the rate, which was lowered) when enough of
+        # it has left the window for one more request.
+        estimate = super().wait()
+        if estimate is None and self.history and self.num_requests and self.duration:
+            return max(float(self.duration - (self.now - self.history[self.num_requests - 1])), 0.0)
+        return estimate
