@@ -53,6 +53,9 @@ def token_of(request: HttpRequest) -> ApiToken:
     return token
 
 
+# Says a `Prefer: wait` was answered at once: the token had as many requests waiting as it may.
+WAIT_DECLINED = "Grundlag-Wait-Declined"
+
 IDEMPOTENCY_KEY = {
     "name": "Idempotency-Key",
     "in": "header",
@@ -66,8 +69,23 @@ PREFER_WAIT = {
     "name": "Prefer",
     "in": "header",
     "required": False,
-    "description": "wait=N (at most 30): hold the answer up to N seconds for the run to settle",
+    "description": "wait=N (at most 30): hold the answer up to N seconds (half a second less, to answer "
+    "before a client waiting N seconds gives up) for the run to settle. A token has at most "
+    "GRUNDLAG_MAX_WAITS_PER_TOKEN requests held at once (per web process): past it, the answer comes at "
+    f"once, with `{WAIT_DECLINED}: too-many-waits` and no `Preference-Applied`",
     "schema": {"type": "string", "example": "wait=10"},
+}
+# The answers to `Prefer: wait`.
+WAIT_HEADERS = {
+    "Preference-Applied": {
+        "description": "wait=N when the request was held (up to N seconds) for the run to settle",
+        "schema": {"type": "string"},
+    },
+    WAIT_DECLINED: {
+        "description": "too-many-waits: answered at once, as this token has as many requests waiting "
+        "as it may; ask again later",
+        "schema": {"type": "string"},
+    },
 }
 RATE_LIMITED = {
     "description": "Over the token's rate of requests (GRUNDLAG_API_RATE): try again after Retry-After",
@@ -92,6 +110,11 @@ class Api(NinjaAPI):
                 post["responses"].setdefault("409", {"description": "Its key is in use", "content": error})
             if path.endswith(("/runs/{run_id}", "/approvals/{approval_id}")) and "get" in operations:
                 operations["get"].setdefault("parameters", []).append(PREFER_WAIT)
+            for operation in operations.values():
+                if PREFER_WAIT in operation.get("parameters", []):
+                    for code in (200, 202):  # ninja's keys are numbers
+                        if code in operation["responses"]:
+                            operation["responses"][code].setdefault("headers", {}).update(WAIT_HEADERS)
         return schema
 
 
@@ -425,13 +448,17 @@ def get_interrupt(token: ApiToken, interrupt_id: int) -> Interrupt:
 # Waiting: `Prefer: wait=N` (RFC 7240) holds the response until the run settles.
 
 _WAIT = re.compile(r"\bwait\s*=\s*(\d{1,6})\b", re.IGNORECASE)
+# A wait ends this long before the N seconds asked for: a client that gives up after N seconds
+# gets the answer, rather than racing it.
+WAIT_MARGIN_SECONDS = 0.5
 
 
-def requested_wait(request: HttpRequest) -> float:
+def requested_wait(request: HttpRequest) -> int:
+    """The seconds `Prefer: wait` asks for, at most settings.GRUNDLAG_MAX_WAIT_SECONDS."""
     match = _WAIT.search(request.headers.get("Prefer", ""))
     if not match:
-        return 0.0
-    return float(min(int(match.group(1)), settings.GRUNDLAG_MAX_WAIT_SECONDS))
+        return 0
+    return min(int(match.group(1)), settings.GRUNDLAG_MAX_WAIT_SECONDS)
 
 
 async def settled_response(
@@ -440,11 +467,15 @@ async def settled_response(
     *,
     done: Collection[str] = Run.SETTLED,
     describe: Callable[[HttpRequest, Run], dict[str, Any]] | None = None,
+    response: HttpResponse | None = None,
 ) -> Status[dict[str, Any]]:
     """Do ``act`` (it names the run: started, decided on, looked up), wait for that run to
     settle as `Prefer: wait` asks (asynchronously, on an event), then describe it: 200 once it
     has, 202 while not. ``done`` are the statuses it settles in (an approval: decided, not paused);
-    ``describe`` how it is told (the run's description by default).
+    ``describe`` how it is told (the run's description by default). ``response`` (ninja's, for
+    the view's headers) says whether the wait was taken (Preference-Applied), or declined
+    because the token has as many requests held as it may (WAIT_DECLINED): then the answer
+    comes at once, the act done all the same.
 
     Callers wait on the database row, the truth, not on a task result or a push
     (actions.web.waiting.settle)."""
@@ -452,24 +483,41 @@ async def settled_response(
     def respond(run: Run) -> Status[dict[str, Any]]:
         return Status(200 if run.status in done else 202, (describe or run_out)(request, run))
 
-    return await waiting.settle(act, requested_wait(request), done, respond)
+    asked = requested_wait(request)
+    if not asked:
+        return await waiting.settle(act, 0, done, respond)
+    token = getattr(request, "auth", None)  # every API request's; a direct caller's may have none
+    with waiting.place_to_wait(token.pk if isinstance(token, ApiToken) else None) as placed:
+        seconds = max(asked - WAIT_MARGIN_SECONDS, 0) if placed else 0
+        settled = await waiting.settle(act, seconds, done, respond)
+    if response is not None:
+        if placed:
+            response["Preference-Applied"] = f"wait={asked}"
+        else:
+            response[WAIT_DECLINED] = "too-many-waits"
+    return settled
 
 
 async def started(
-    request: HttpRequest, start: Callable[[ApiToken], Run], **how: Any
+    request: HttpRequest, response: HttpResponse, start: Callable[[ApiToken], Run], **how: Any
 ) -> Status[dict[str, Any]]:
     """Start a run for the request's token, then answer as `Prefer: wait` asks (``how``: as
     settled_response's)."""
     token = token_of(request)
-    return await settled_response(request, lambda: start(token).pk, **how)
+    return await settled_response(request, lambda: start(token).pk, response=response, **how)
 
 
 async def decided(
-    request: HttpRequest, interrupt_id: int, decide: Callable[[Interrupt, ApiToken], Interrupt]
+    request: HttpRequest,
+    response: HttpResponse,
+    interrupt_id: int,
+    decide: Callable[[Interrupt, ApiToken], Interrupt],
 ) -> Status[dict[str, Any]]:
     """Decide one of the token's team's interrupts, then answer as `Prefer: wait` asks."""
     token = token_of(request)
-    return await settled_response(request, lambda: decide(get_interrupt(token, interrupt_id), token).run_id)
+    return await settled_response(
+        request, lambda: decide(get_interrupt(token, interrupt_id), token).run_id, response=response
+    )
 
 
 # Endpoints
@@ -493,21 +541,24 @@ def list_actions(request: HttpRequest) -> list[dict[str, Any]]:
     response={200: RunOut, 202: RunOut, 404: Error, 413: Error, 422: Error},
     tags=["runs"],
 )
-async def create_run(request: HttpRequest, payload: RunIn) -> Status[dict[str, Any]]:
+async def create_run(request: HttpRequest, response: HttpResponse, payload: RunIn) -> Status[dict[str, Any]]:
     """Start a run of an action in the token's team. `Prefer: wait=N` waits up to N seconds
     (at most 30) for it to settle: 200 when it has, 202 while it is still queued or running."""
     return await started(
         request,
+        response,
         lambda token: engine.start_run(payload.action, payload.input, token.team, token, Run.Consumer.API),
     )
 
 
 @api.get("/runs/{run_id}", response={200: RunDetailOut, 404: Error}, tags=["runs"])
-async def read_run(request: HttpRequest, run_id: int) -> Status[dict[str, Any]]:
+async def read_run(request: HttpRequest, response: HttpResponse, run_id: int) -> Status[dict[str, Any]]:
     """The run with its transcript. `Prefer: wait=N` holds the answer up to N seconds (at most
     30) while it is queued or running: a long poll for it to pause or finish."""
     token = token_of(request)
-    settled = await settled_response(request, lambda: get_run(token, run_id).pk, describe=with_transcript)
+    settled = await settled_response(
+        request, lambda: get_run(token, run_id).pk, describe=with_transcript, response=response
+    )
     return Status(200, settled.value)
 
 
@@ -706,11 +757,12 @@ def read_history(
     tags=["interrupts"],
 )
 async def resume_interrupt(
-    request: HttpRequest, interrupt_id: int, payload: ResumeIn
+    request: HttpRequest, response: HttpResponse, interrupt_id: int, payload: ResumeIn
 ) -> Status[dict[str, Any]]:
     """Answer a pending interrupt; the run re-runs its action with `data` as the answer."""
     return await decided(
         request,
+        response,
         interrupt_id,
         lambda it, token: engine.resume(it, payload.data, token, arguments=payload.arguments),
     )
@@ -723,10 +775,12 @@ async def resume_interrupt(
     tags=["interrupts"],
 )
 async def reject_interrupt(
-    request: HttpRequest, interrupt_id: int, payload: RejectIn
+    request: HttpRequest, response: HttpResponse, interrupt_id: int, payload: RejectIn
 ) -> Status[dict[str, Any]]:
     """Reject a pending interrupt with a reason: an action's run ends `rejected`."""
-    return await decided(request, interrupt_id, lambda it, token: engine.reject(it, payload.error, token))
+    return await decided(
+        request, response, interrupt_id, lambda it, token: engine.reject(it, payload.error, token)
+    )
 
 
 # Agents
@@ -741,12 +795,16 @@ def agent_out(request: HttpRequest, run: Run) -> dict[str, Any]:
     response={200: RunOut, 202: RunOut, 404: Error, 413: Error, 422: Error},
     tags=["agents"],
 )
-async def create_agent_run(request: HttpRequest, payload: AgentRunIn) -> Status[dict[str, Any]]:
+async def create_agent_run(
+    request: HttpRequest, response: HttpResponse, payload: AgentRunIn
+) -> Status[dict[str, Any]]:
     """Start an agent: the model loops over its tool calls; a call that pauses stops the run as
     `interrupted` with the interrupt (and its `tool_call_id`); answer it like any interrupt."""
     messages = [message.model_dump(exclude_none=True) for message in payload.messages]
     return await started(
-        request, lambda token: start_agent(messages, payload.tools, payload.model, token.team, token)
+        request,
+        response,
+        lambda token: start_agent(messages, payload.tools, payload.model, token.team, token),
     )
 
 
@@ -764,12 +822,14 @@ def read_agent_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
     response={200: RunOut, 202: RunOut, 413: Error, 422: Error, 503: Error},
     tags=["scripts"],
 )
-async def create_script_run(request: HttpRequest, payload: ScriptRunIn) -> Status[dict[str, Any]]:
+async def create_script_run(
+    request: HttpRequest, response: HttpResponse, payload: ScriptRunIn
+) -> Status[dict[str, Any]]:
     """Run a script in the sandbox. It reads `input`, calls `tools.<action>(**kwargs)`, and its
     `return` value is the output. A call that pauses stops it as `interrupted`; answering the
     interrupt replays the script from its call log."""
     return await started(
-        request, lambda token: start_script(payload.source, payload.input, token.team, token)
+        request, response, lambda token: start_script(payload.source, payload.input, token.team, token)
     )
 
 
@@ -885,7 +945,9 @@ APPROVAL_DECIDED = Run.FINISHED
     response={200: ApprovalRequestOut, 202: ApprovalRequestOut, 413: Error, 422: Error},
     tags=["approvals"],
 )
-async def create_approval(request: HttpRequest, payload: ApprovalIn) -> Status[dict[str, Any]]:
+async def create_approval(
+    request: HttpRequest, response: HttpResponse, payload: ApprovalIn
+) -> Status[dict[str, Any]]:
     """Ask the token's team a question: it waits in the team's inbox like any approval (the
     team's rules, notifications, deadlines and audit apply) until a person (or a rule) decides.
     The token that asks may not approve it. `Prefer: wait=N` waits up to N seconds (at most
@@ -895,6 +957,7 @@ async def create_approval(request: HttpRequest, payload: ApprovalIn) -> Status[d
     asked = payload.model_dump()
     return await started(
         request,
+        response,
         lambda token: request_approval(token.team, token, **asked),
         done=APPROVAL_DECIDED,
         describe=approval_out,
@@ -902,7 +965,9 @@ async def create_approval(request: HttpRequest, payload: ApprovalIn) -> Status[d
 
 
 @api.get("/approvals/{approval_id}", response={200: ApprovalRequestOut, 404: Error}, tags=["approvals"])
-async def read_approval(request: HttpRequest, approval_id: int) -> Status[dict[str, Any]]:
+async def read_approval(
+    request: HttpRequest, response: HttpResponse, approval_id: int
+) -> Status[dict[str, Any]]:
     """The approval and its decision. `Prefer: wait=N` holds the answer up to N seconds (at
     most 30) while it is pending: a long poll."""
     token = token_of(request)
@@ -911,6 +976,7 @@ async def read_approval(request: HttpRequest, approval_id: int) -> Status[dict[s
         lambda: get_run(token, approval_id, Run.Consumer.APPROVAL).pk,
         done=APPROVAL_DECIDED,
         describe=approval_out,
+        response=response,
     )
     return Status(200, settled.value)
 

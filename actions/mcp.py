@@ -13,7 +13,9 @@ pauses waits in the team's inbox like any other; the call completes when a revie
 - Otherwise the call waits for the run to finish, up to GRUNDLAG_MCP_WAIT_SECONDS, and then
   returns a result that says it is pending, with the link to it.
 - A token's requests count against the API's rate of requests (GRUNDLAG_API_RATE: 429 with
-  Retry-After, before the JSON-RPC is read).
+  Retry-After, before the JSON-RPC is read), and its waits (a call's, tasks/result's) against
+  its requests held at once (GRUNDLAG_MAX_WAITS_PER_TOKEN); tasks/result holds its answer
+  GRUNDLAG_MCP_RESULT_HOLD_SECONDS at most.
 
 Arguments are checked against the action's input schema before anything is started: a bad
 call is an ``isError`` result naming the fields (so a model can correct it), and starts nothing.
@@ -49,6 +51,7 @@ from mcp_types import (
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
     MISSING_REQUIRED_CLIENT_CAPABILITY,
+    REQUEST_TIMEOUT,
     SERVER_INFO_META_KEY,
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -259,10 +262,14 @@ def _tasks_page(token: ApiToken, cursor: str) -> tuple[list[Run], str]:
     return history.page(runs, cursor, TASKS_PAGE)
 
 
-async def _wait(run: Run, seconds: float | None) -> Run:
+async def _wait(token: ApiToken, run: Run, seconds: float) -> tuple[Run, bool]:
+    """The run once it has finished, or after ``seconds``; and whether it was waited for: not
+    when the token has as many requests held as it may (GRUNDLAG_MAX_WAITS_PER_TOKEN, the
+    API's `Prefer: wait` among them), read at once then."""
     from actions.web import waiting
 
-    return await waiting.wait_for(run.pk, seconds, Run.FINISHED)
+    with waiting.place_to_wait(token.pk) as placed:
+        return await waiting.wait_for(run.pk, seconds if placed else 0, Run.FINISHED), placed
 
 
 # Handlers
@@ -298,7 +305,7 @@ async def call_tool(
     started = await _start(token, _tool(params), params.arguments or {})
     if isinstance(started, types.CallToolResult):
         return started
-    run = await _wait(started, settings.GRUNDLAG_MCP_WAIT_SECONDS)
+    run, _ = await _wait(token, started, settings.GRUNDLAG_MCP_WAIT_SECONDS)
     if run.is_finished:
         return finished_result(run)
     return pending_result(run, await _waiting_on(run))
@@ -373,11 +380,29 @@ async def tasks_get(
 async def tasks_result(
     ctx: ServerRequestContext[Any, Any], params: types.GetTaskPayloadRequestParams
 ) -> dict[str, Any]:
-    """2025-11-25: the tool's result, once the run has finished (held until then)."""
+    """2025-11-25: the tool's result, once the run has finished: held until then, but for
+    GRUNDLAG_MCP_RESULT_HOLD_SECONDS at most (not at all past the token's waiting requests).
+
+    The spec holds tasks/result until the task ends, and a person may take days to decide: the
+    stream's keep-alives would keep the client's read timeout from ever ending the hold. So a
+    task still working then is answered with an error (REQUEST_TIMEOUT, as the SDK's own timeout
+    is) whose data is the task as it is now, as tasks/get tells it: the client asks tasks/result
+    again, or polls tasks/get, as it would after a timeout of its own."""
     if modern(ctx):
         raise MCPError(code=METHOD_NOT_FOUND, message="Method not found", data="tasks/result")
-    _, run = await _task_run(ctx, params.task_id)
-    run = await _wait(run, None)
+    token, run = await _task_run(ctx, params.task_id)
+    run, waited = await _wait(token, run, settings.GRUNDLAG_MCP_RESULT_HOLD_SECONDS)
+    if not run.is_finished:
+        why = (
+            f"held {settings.GRUNDLAG_MCP_RESULT_HOLD_SECONDS:g} s"
+            if waited
+            else "not held: this token has as many requests waiting as it may"
+        )
+        raise MCPError(
+            code=REQUEST_TIMEOUT,
+            message=f"Task still working ({why}): call tasks/result again, or poll tasks/get",
+            data={"task": legacy_task(run, await _waiting_on(run))},
+        )
     result = finished_result(run).model_dump(by_alias=True, mode="json", exclude_none=True)
     result["_meta"] = {RELATED_TASK: {"taskId": params.task_id}}
     return result

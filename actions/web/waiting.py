@@ -23,8 +23,9 @@ run it missed every push, for a reason never found. NOTIFY is the database's own
 and needs nothing but the connection the engine already has.
 
 What one token may take of a process, so that none stalls the others (the API's and the MCP
-endpoint's): its rate of requests (``TokenRateThrottle``, settings.GRUNDLAG_API_RATE; past it,
-429)."""
+endpoint's): its requests held waiting at once (``place_to_wait``,
+settings.GRUNDLAG_MAX_WAITS_PER_TOKEN; past it a request is answered at once), and its rate of
+requests (``TokenRateThrottle``, settings.GRUNDLAG_API_RATE; past it, 429)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Iterable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -326,6 +327,38 @@ def _parsed(payload: str) -> tuple[int, str | None]:
 
 
 # What one token may take of a process
+
+
+# Each token's requests held waiting in this process now (none: not in the dict).
+_places: dict[int, int] = {}
+_places_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def place_to_wait(token_id: int | None) -> Iterator[bool]:
+    """Whether a request of the token may be held waiting (its place taken until the block
+    ends, however it ends: the request answered, failed, or cancelled as its client left); False
+    while settings.GRUNDLAG_MAX_WAITS_PER_TOKEN of the token's requests are held here already,
+    and such a request is answered at once with what there is. Counted in this process: what
+    a waiting request holds (its thread's turns, its reads) is this process's, and a process that
+    stops takes its count with it. (None: a caller of no token, in-process, is not counted.)"""
+    if token_id is None:
+        yield True
+        return
+    with _places_lock:
+        held = _places.get(token_id, 0)
+        placed = held < settings.GRUNDLAG_MAX_WAITS_PER_TOKEN
+        if placed:
+            _places[token_id] = held + 1
+    try:
+        yield placed
+    finally:
+        if placed:
+            with _places_lock:
+                if _places[token_id] > 1:
+                    _places[token_id] -= 1
+                else:
+                    del _places[token_id]
 
 
 class TokenRateThrottle(BaseThrottle):
