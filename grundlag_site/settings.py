@@ -558,6 +558,7 @@ LOGGING = {
     },
 }
 
+
 # Isolation: no token crowds out the others (actions.web.waiting).
 # Requests per token (per user, for a request signed in instead) to the API (/api/) and the MCP
 # endpoint (/mcp/): "N/period", the period s, sec, m, min, h, hour, d or day, optionally a
