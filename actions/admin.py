@@ -17,7 +17,8 @@ from django.utils.html import format_html
 from pydantic import ValidationError
 
 from actions import engine, notify
-from actions.core import ConditionError, compile_condition, describe_errors, field_errors, registry
+from actions.conditions import ConditionError
+from actions.core import describe_errors, field_errors, registry
 from actions.engine import rules
 from actions.models import (
     PERSON_EVENTS,
@@ -142,7 +143,7 @@ class TeamRuleForm(forms.ModelForm[TeamRule]):
         cleaned = super().clean() or {}
         if when := cleaned.get("when"):
             try:
-                compile_condition(when)
+                rules.compile(when)
             except ConditionError as exc:
                 self.add_error("when", f"This is not a condition a rule can use: {exc}.")
         name = cleaned.get("action") or ""
@@ -250,7 +251,7 @@ class TeamRuleAdmin(GuardedAdmin):
         compiled = rules.Compiled(
             rule.name,
             rule.action,
-            compile_condition(rule.when),
+            rules.compile(rule.when),
             rules.outcome_of(rule),
             rule.pk,
             (rule.position, rule.pk or 2**62),

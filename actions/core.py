@@ -14,14 +14,14 @@ import concurrent.futures
 import inspect
 import json
 import math
-import re
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar, TypeAlias
 
-import cel
 from pydantic import BaseModel, ValidationError
+
+from actions.conditions import Condition, ConditionError, compile_condition
 
 __all__ = [
     "Action",
@@ -159,101 +159,7 @@ Execute: TypeAlias = Callable[[ActionContext], Any] | Callable[[ActionContext], 
 
 
 # Rules: what a machine may decide for the team. A condition is CEL (common-expression-language)
-# over what is asked; it is compiled once, where it is declared or saved.
-
-CONDITION_VARIABLES = ("data", "input", "action", "team", "requester")
-MAX_CONDITION_CHARS = 2000
-_WHERE = re.compile(r"<input>:(\d+):(\d+)")
-_UNDEFINED = re.compile(r"Undefined variable or function: '([^']+)'")
-
-# Strings (so that what they hold is not read as names), comprehension macros, bare names.
-_STRINGS = re.compile(
-    r"""[rRbB]{0,2}(\"\"\"[\s\S]*?\"\"\"|'\'\'[\s\S]*?'\'\'|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')"""
-)
-_MACRO_OPENS = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*$")
-_BOUND = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_]\w*)\s*,")
-_BARE_NAME = re.compile(r"(?<![.\w])([A-Za-z_]\w*)\b(\s*\()?")
-_LITERALS = frozenset({"true", "false", "null", "in"})
-# Each level multiplies the work by the size of a list: a condition must not be able to keep
-# the transaction that creates an interrupt busy for minutes.
-MAX_MACRO_NESTING = 2
-
-
-def _macro_nesting(code: str) -> int:
-    opened: list[bool] = []
-    deepest = 0
-    for index, char in enumerate(code):
-        if char == "(":
-            opened.append(bool(_MACRO_OPENS.search(code[max(0, index - 20) : index])))
-            deepest = max(deepest, sum(opened))
-        elif char == ")" and opened:
-            opened.pop()
-    return deepest
-
-
-def _unknown_name(code: str) -> str:
-    """A variable the condition reads that is not one of the five (nor a comprehension's, nor
-    a name CEL knows, such as a type). "" when there is none. Functions are not checked here:
-    CEL tells an unknown one from a known one only by its arguments' types, so a misspelt
-    function fails when evaluated (the dry run shows it, and the interrupt is left to people)."""
-    bound = set(_BOUND.findall(code)) | _LITERALS | set(CONDITION_VARIABLES)
-    context = cel.Context(dict.fromkeys(CONDITION_VARIABLES))
-    for found in _BARE_NAME.finditer(code):
-        name = found[1]
-        if name in bound or found[2]:
-            continue
-        try:
-            cel.compile(name).execute(context)
-        except RuntimeError as exc:
-            if _UNDEFINED.search(str(exc)):
-                return name
-        except Exception:  # noqa: BLE001, S112 - known, and failing for its value
-            continue
-    return ""
-
-
-class ConditionError(ValueError):
-    """A condition that is not CEL, or names what a rule cannot see; says where."""
-
-    def __init__(
-        self, message: str, line: int | None = None, column: int | None = None, *, subject: str = ""
-    ) -> None:
-        where = f"line {line}, column {column}: " if line is not None else ""
-        super().__init__(f"{subject}{where}{message}")
-        self.reason, self.line, self.column = message, line, column
-
-
-def compile_condition(text: str) -> cel.Program:
-    """The compiled condition, or ConditionError naming the line and column of the mistake.
-    A condition reads ``data`` (what the interrupt asks), ``input`` (what the paused call was
-    given), ``action``, ``team`` (its slug) and ``requester`` (who started the run): another
-    name is refused here rather than failing each time a rule is evaluated."""
-    if not text or not text.strip():
-        raise ConditionError("the condition is empty")
-    if len(text) > MAX_CONDITION_CHARS:
-        raise ConditionError(f"the condition is longer than {MAX_CONDITION_CHARS} characters")
-    if "\x00" in text:
-        raise ConditionError("the condition contains a NUL character")
-    try:
-        program = cel.compile(text)
-    except ValueError as exc:
-        detail = str(exc)
-        found = _WHERE.search(detail)
-        reason = detail.split("Syntax error: ", 1)[-1].split("\n", 1)[0].split(" expecting ", 1)[0]
-        reason = reason.replace("mismatched input '<EOF>'", "the condition ends too early")
-        if found:
-            raise ConditionError(reason, int(found[1]), int(found[2])) from None
-        raise ConditionError(reason) from None
-    code = _STRINGS.sub('""', text)
-    if _macro_nesting(code) > MAX_MACRO_NESTING:
-        raise ConditionError(
-            f"comprehensions (all, exists, exists_one, map, filter) nest at most {MAX_MACRO_NESTING} deep"
-        )
-    if unknown := _unknown_name(code):
-        raise ConditionError(
-            f"there is no variable {unknown!r}; a condition can read {', '.join(CONDITION_VARIABLES)}"
-        )
-    return program
+# over what is asked (actions.conditions); it is compiled once, where it is declared or saved.
 
 
 @dataclass(frozen=True)
@@ -321,7 +227,7 @@ class Rule:
     name: str
     when: str
     then: RuleOutcome
-    program: cel.Program = field(init=False, repr=False, compare=False)
+    program: Condition = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.strip():

@@ -584,3 +584,8 @@ GRUNDLAG_MAX_WAITS_PER_TOKEN = envint("GRUNDLAG_MAX_WAITS_PER_TOKEN", "8", minim
 # MCP's tasks/result holds its answer this long at most for the task to end (keep-alives would
 # keep a client's read timeout from ever firing); then it answers that the task is still working.
 GRUNDLAG_MCP_RESULT_HOLD_SECONDS = envfloat("GRUNDLAG_MCP_RESULT_HOLD_SECONDS", "60", minimum=0)
+# Steps a rule's or a grant's condition may take for one interrupt, all its conditions together
+# (actions.conditions: bounded before it runs, about 0.1 s at most). One that could take more is
+# not evaluated: the interrupt is left to people and its event says why. One whose own lists
+# already take more is refused when it is saved.
+GRUNDLAG_CONDITION_BUDGET = envint("GRUNDLAG_CONDITION_BUDGET", "2000000", minimum=1000)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import cel
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import F, Q
@@ -41,16 +41,21 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 from django.utils import timezone
 
+from actions.conditions import (
+    Condition,
+    ConditionError,
+    ConditionInput,
+    ConditionTooCostly,
+    compile_condition,
+)
 from actions.core import (
     ApprovalPolicy,
     Approve,
     AssignTo,
-    ConditionError,
     Reject,
     RequireApprovals,
     RouteTo,
     RuleOutcome,
-    compile_condition,
     describe_errors,
     registry,
 )
@@ -63,6 +68,9 @@ logger = logging.getLogger(__name__)
 
 PLAIN_APPROVAL = {"approved": True, "comment": ""}
 MAX_DELEGATION_HOPS = 5
+# A dry run stops once its conditions may have taken this many interrupts' budgets: it answers a
+# page, and says how many interrupts it looked at.
+DRY_RUN_BUDGETS = 20
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,7 @@ class Compiled:
 
     name: str
     action: str
-    program: cel.Program
+    program: Condition
     then: RuleOutcome
     team_rule_id: int | None = None
     order: tuple[int, int] = (0, 0)  # a team rule's (position, id)
@@ -86,7 +94,7 @@ class TeamSet:
     version: int
     slug: str
     rules: tuple[Compiled, ...]
-    grants: tuple[tuple[Grant, cel.Program | None], ...]
+    grants: tuple[tuple[Grant, Condition | None], ...]
 
 
 _cache: dict[int, TeamSet] = {}
@@ -118,19 +126,19 @@ def _compile_team(team_id: int, version: int, slug: str) -> TeamSet:
     rules = []
     for row in TeamRule.objects.filter(team_id=team_id, enabled=True).select_related("route_to"):
         try:
-            program = compile_condition(row.when)
+            program = compile(row.when)
             rules.append(
                 Compiled(row.name, row.action, program, outcome_of(row), row.pk, (row.position, row.pk))
             )
         except (ConditionError, ValueError) as exc:
             # Refused when saved; only a rule written around the admin gets here.
             logger.error("team %s: rule %r is skipped: %s", slug, row.name, exc)
-    grants: list[tuple[Grant, cel.Program | None]] = []
+    grants: list[tuple[Grant, Condition | None]] = []
     for grant in live_grants(Grant.objects.filter(team_id=team_id)):
-        condition: cel.Program | None = None
+        condition: Condition | None = None
         if grant.condition:
             try:
-                condition = compile_condition(grant.condition)
+                condition = compile(grant.condition)
             except ConditionError as exc:
                 logger.error("grant %s is skipped: %s", grant.pk, exc)
                 continue
@@ -203,8 +211,36 @@ def arguments_key(run: Run, interrupt: Interrupt) -> str:
     return arguments_hash(call_input(run, interrupt.arguments))
 
 
-def context(data: Any, given: Any, action: str, team: str, requester: str) -> cel.Context:
-    return cel.Context({"data": data, "input": given, "action": action, "team": team, "requester": requester})
+def context(data: Any, given: Any, action: str, team: str, requester: str) -> ConditionInput:
+    values = {"data": data, "input": given, "action": action, "team": team, "requester": requester}
+    return ConditionInput(values)
+
+
+def compile(text: str) -> Condition:  # noqa: A001 - the engine's one way to compile a condition
+    """A team's condition (a rule's, a grant's), compiled against the site's budget:
+    ConditionError when it is not one, or could never be evaluated within the budget."""
+    return compile_condition(text, settings.GRUNDLAG_CONDITION_BUDGET)
+
+
+def holds(condition: Condition, given: ConditionInput) -> bool:
+    """Whether ``condition`` is true over ``given``, within the site's budget (shared by every
+    condition evaluated for one interrupt). Raises what a failed condition raises: a
+    ConditionTooCostly one is not evaluated at all."""
+    result = condition.evaluate(given, settings.GRUNDLAG_CONDITION_BUDGET)
+    if result is not True and result is not False:
+        raise NotTrueOrFalse(f"the condition gave {result!r}, not true or false")
+    return result
+
+
+class NotTrueOrFalse(Exception):  # noqa: N818 - what the condition gave
+    pass
+
+
+def failure(exc: Exception) -> str:
+    """Why a condition failed, as the event log and the dry run say it."""
+    if isinstance(exc, (ConditionTooCostly, NotTrueOrFalse)):
+        return str(exc)[:500]
+    return f"{type(exc).__name__}: {exc}"[:500]
 
 
 @dataclass(frozen=True)
@@ -217,20 +253,17 @@ class Verdict:
     error: str = ""
 
 
-def evaluate(rules: tuple[Compiled, ...] | list[Compiled], ctx: cel.Context, action: str) -> Verdict:
-    """The first rule for ``action`` whose condition holds. A condition that raises, or gives
-    something other than true or false, stops the evaluation."""
+def evaluate(rules: tuple[Compiled, ...] | list[Compiled], given: ConditionInput, action: str) -> Verdict:
+    """The first rule for ``action`` whose condition holds. A condition that raises, gives
+    something other than true or false, or is over the budget, stops the evaluation."""
     for rule in rules:
         if not rule.covers(action):
             continue
         try:
-            result = rule.program.execute(ctx)
+            if holds(rule.program, given):
+                return Verdict(rule=rule)
         except Exception as exc:  # noqa: BLE001 - any failure of a condition leaves it to people
-            return Verdict(failed=rule.name, error=f"{type(exc).__name__}: {exc}"[:500])
-        if result is True:
-            return Verdict(rule=rule)
-        if result is not False:
-            return Verdict(failed=rule.name, error=f"the condition gave {result!r}, not true or false"[:500])
+            return Verdict(failed=rule.name, error=failure(exc))
     return Verdict()
 
 
@@ -253,6 +286,10 @@ class Routed:
     grant: Grant | None = None
     note: dict[str, Any] = field(default_factory=dict)
     teams: TeamSet | None = None  # the run's team's rules and grants
+    given: ConditionInput | None = None  # what its conditions read
+    # The run's team's grants with a condition, by id: whether the condition holds (evaluated
+    # with the rules, so that the event says which failed and why).
+    held: dict[int, bool] = field(default_factory=dict)
 
 
 def route(
@@ -270,9 +307,9 @@ def route(
     routed = Routed(dict(fields), teams=teams)
     rules = [*teams.rules, *declared_rules(policy, action_name)]
     if rules or teams.grants:
-        ctx = context(data, call_input(run, arguments), action_name, teams.slug, requester_name(run))
-        routed.note["ctx"] = ctx
-        verdict = evaluate(rules, ctx, action_name)
+        given = context(data, call_input(run, arguments), action_name, teams.slug, requester_name(run))
+        routed.given = given
+        verdict = evaluate(rules, given, action_name)
         if verdict.failed:
             logger.warning(
                 "run %s: rule %r failed, left to people: %s", run.pk, verdict.failed, verdict.error
@@ -280,8 +317,38 @@ def route(
             routed.note["rule_failed"] = {"rule": verdict.failed, "error": verdict.error}
         elif verdict.rule is not None:
             _apply(run, routed, verdict.rule, action_name, policy)
+        if routed.decision is None and "rule_failed" not in routed.note:
+            _grant_conditions(run, routed, given, action_name)
     routed.fields["assignees"] = _delegated(run, routed, policy)
     return routed
+
+
+def _grant_conditions(run: Run, routed: Routed, given: ConditionInput, action_name: str) -> None:
+    """Evaluate the conditions of the grants that could cover the new interrupt (same action,
+    same requester or run); one that fails, or is over the budget, covers nothing, and the
+    event says so."""
+    assert routed.teams is not None
+    now, who = timezone.now(), requester_key(run)
+    failed = []
+    for grant, condition in routed.teams.grants:
+        if condition is None or grant.arguments_sha256 or grant.action != action_name:
+            continue
+        if not grant.is_live(now) or not _scoped(grant, run, who):
+            continue
+        try:
+            routed.held[grant.pk] = holds(condition, given)
+        except Exception as exc:  # noqa: BLE001 - a condition that fails does not cover it
+            routed.held[grant.pk] = False
+            failed.append({"grant": grant.pk, "error": failure(exc)})
+    if failed:
+        routed.note["grant_failed"] = failed
+
+
+def _scoped(grant: Grant, run: Run, who: str) -> bool:
+    """Whether ``grant`` is for this run, or for this requester."""
+    if grant.run_id is not None:
+        return grant.run_id == run.pk
+    return bool(grant.requester) and grant.requester == who
 
 
 def _apply(run: Run, routed: Routed, rule: Compiled, action_name: str, policy: ApprovalPolicy) -> None:
@@ -403,32 +470,32 @@ def grant_for(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPo
         return None
     now = timezone.now()
     key, who = "", requester_key(run)
-    ctx = routed.note.get("ctx")
+    given = routed.given
     for grant, program in teams.grants:
-        if grant.action != interrupt.action or not grant.is_live(now):
-            continue
-        if grant.run_id is not None and grant.run_id != run.pk:
-            continue
-        if grant.run_id is None and (not grant.requester or grant.requester != who):
+        if grant.action != interrupt.action or not grant.is_live(now) or not _scoped(grant, run, who):
             continue
         if grant.arguments_sha256:
             key = key or arguments_key(run, interrupt)
             if grant.arguments_sha256 != key:
                 continue
         elif program is not None:
-            if ctx is None:
-                ctx = context(
-                    interrupt.data,
-                    call_input(run, interrupt.arguments),
-                    interrupt.action,
-                    teams.slug,
-                    requester_name(run),
-                )
-            try:
-                if program.execute(ctx) is not True:
+            if grant.pk in routed.held:
+                if not routed.held[grant.pk]:
                     continue
-            except Exception:  # noqa: BLE001, S112 - a condition that fails does not cover it
-                continue
+            else:  # routed to another team: its grants were not evaluated with the rules
+                if given is None:
+                    given = context(
+                        interrupt.data,
+                        call_input(run, interrupt.arguments),
+                        interrupt.action,
+                        teams.slug,
+                        requester_name(run),
+                    )
+                try:
+                    if not holds(program, given):
+                        continue
+                except Exception:  # noqa: BLE001, S112 - a condition that fails does not cover it
+                    continue
         else:
             continue
         # An answer that does not fit the pause's own schema approves nothing (it is people's).
@@ -479,7 +546,7 @@ def settle(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPolic
 
 def event_detail(routed: Routed) -> dict[str, Any]:
     """What the interrupt's event says of its rules and delegations."""
-    return {key: value for key, value in routed.note.items() if key != "ctx"}
+    return dict(routed.note)
 
 
 # Dry run
@@ -534,16 +601,22 @@ def dry_run(team: Team, rule: Compiled, limit: int = 1000) -> tuple[int, list[Wo
         )[:limit]
     )
     looked, held, failed = 0, [], []
+    spent, most = 0, DRY_RUN_BUDGETS * settings.GRUNDLAG_CONDITION_BUDGET
     for it in recent:
+        if spent > most:
+            break  # the page says how many were looked at
         looked += 1
         if not rule.covers(it.action):
             continue
-        ctx = context(it.data, call_input(it.run, it.arguments), it.action, team.slug, requester_name(it.run))
-        verdict = evaluate([rule], ctx, it.action)
+        given = context(
+            it.data, call_input(it.run, it.arguments), it.action, team.slug, requester_name(it.run)
+        )
+        verdict = evaluate([rule], given, it.action)
+        spent += given.spent
         if verdict.failed:
             failed.append(Would(it, "", error=verdict.error))
         elif verdict.rule is not None:
-            first = evaluate(earlier, ctx, it.action)
+            first = evaluate(earlier, given, it.action)
             held.append(Would(it, rule.then.describe(), earlier=first.rule.name if first.rule else ""))
     return looked, held, failed
 
@@ -595,7 +668,7 @@ def give_grant(
         raise GrantRefused("this run has no requester to scope the grant to: grant it for this run")
     if condition:
         try:
-            compile_condition(condition)
+            compile(condition)
         except ConditionError as exc:
             raise GrantRefused(f"the condition is not one a grant can use: {exc}") from None
     lasts = GRANT_LASTING[lasting][1]

@@ -11,6 +11,8 @@ from typing import Any
 from django import forms
 from django.utils.html import escape
 
+from actions.conditions import ConditionError
+from actions.engine import rules
 from actions.engine.rules import GRANT_LASTING
 
 MAX_TEXT_INPUT = 200
@@ -163,8 +165,6 @@ class GrantForm(forms.Form):
     )
 
     def clean(self) -> dict[str, Any]:
-        from actions.core import ConditionError, compile_condition
-
         cleaned = super().clean() or {}
         if cleaned.get("lasting") and cleaned.get("scope") == "condition":
             condition = (cleaned.get("condition") or "").strip()
@@ -172,7 +172,7 @@ class GrantForm(forms.Form):
                 self.add_error("condition", "Write the condition the arguments must meet.")
             else:
                 try:
-                    compile_condition(condition)
+                    rules.compile(condition)
                 except ConditionError as exc:
                     self.add_error("condition", f"This is not a condition a grant can use: {exc}.")
             cleaned["condition"] = condition
