@@ -589,3 +589,11 @@ GRUNDLAG_MCP_RESULT_HOLD_SECONDS = envfloat("GRUNDLAG_MCP_RESULT_HOLD_SECONDS", 
 # not evaluated: the interrupt is left to people and its event says why. One whose own lists
 # already take more is refused when it is saved.
 GRUNDLAG_CONDITION_BUDGET = envint("GRUNDLAG_CONDITION_BUDGET", "2000000", minimum=1000)
+# Fair share of the step workers (actions.engine.steps): at most this many steps of one team,
+# of one API token's runs, and of one team's scripts run at once, wherever they run (counted in
+# the database when a worker claims a step). Past it a run waits its turn, queued: it goes on
+# when one of its team's steps ends. The defaults leave a quarter of one worker's threads
+# (WORKER_CONCURRENCY, the embedded pool's too) to other teams. 0: no limit.
+GRUNDLAG_TEAM_STEPS = envint("GRUNDLAG_TEAM_STEPS", str(max(1, CELERY_WORKER_CONCURRENCY * 3 // 4)))
+GRUNDLAG_TOKEN_STEPS = envint("GRUNDLAG_TOKEN_STEPS", str(GRUNDLAG_TEAM_STEPS))
+GRUNDLAG_TEAM_SCRIPTS = envint("GRUNDLAG_TEAM_SCRIPTS", str(max(1, CELERY_WORKER_CONCURRENCY // 2)))

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 from pydantic import ValidationError
@@ -292,15 +293,57 @@ def answers_of(run_id: int, *, latest: Interrupt | None = None) -> Answers:
     )
 
 
+# Fair share: a team (an API token, a team's scripts) has at most so many steps running at once,
+# so that one team's slow steps or scripts cannot hold every worker while another's wait. The
+# claim counts them (store.claim_queued); a run over the share stays queued, and is handed on
+# when one of its team's steps ends (or, at the latest, by the sweeper's next pass).
+NO_LIMITS = store.Shares()
+
+
+def shares() -> store.Shares:
+    return store.Shares(
+        settings.GRUNDLAG_TEAM_STEPS, settings.GRUNDLAG_TOKEN_STEPS, settings.GRUNDLAG_TEAM_SCRIPTS
+    )
+
+
+def _waiting_key(team_id: int) -> str:
+    return f"grundlag:waiting-turn:{team_id}"
+
+
+def _waiting(run_id: int) -> None:
+    """Say (in the cache every worker shares) that a run of this team waits for its turn."""
+    team_id = Run.objects.filter(pk=run_id).values_list("team_id", flat=True).first()
+    if team_id is not None:
+        cache.set(_waiting_key(team_id), True, timeout=settings.GRUNDLAG_QUEUED_GRACE_SECONDS * 6)
+        logger.info("run %s waits its turn: its team has its share of the workers", run_id)
+
+
+def _hand_on(team_id: int) -> None:
+    """One of the team's steps ended: where runs of the team wait their turn, the longest
+    waiting go to the workers now (a claim still decides which may run)."""
+    if inline() or not cache.get(_waiting_key(team_id)):
+        return
+    waiting = store.next_in_line(team_id, 2)
+    if not waiting:
+        cache.delete(_waiting_key(team_id))
+    for run_id in waiting:
+        enqueue(run_id)
+
+
 @retry_on_conflict
 def execute_step(run_id: int, queued_at: float | None = None) -> None:
     """Claim the run's queued step, run it, and record how it ended. Idempotent. ``queued_at``
     (epoch seconds) is when its message was sent, for the queue-wait figure."""
     now = timezone.now()
+    limits = shares()
     with atomic():
-        run = store.claim_queued(run_id, now, lease_from(now))
+        run = store.claim_queued(run_id, now, lease_from(now), limits)
         if run is None:
-            return  # another delivery of the message, or another worker, has it
+            # Another delivery of the message, or another worker, has it; or its team has its
+            # share of the workers: it waits its turn, queued.
+            if limits != NO_LIMITS and Run.objects.filter(pk=run_id, status=Status.QUEUED).exists():
+                _waiting(run_id)
+            return
         log(run, RunEvent.Kind.CLAIMED, None, attempt=run.attempt)
         push_run_status(run, run.status)
     waited = max(0.0, time.time() - queued_at) if queued_at is not None else None
@@ -322,6 +365,7 @@ def _execute_claimed(run: Run, answers: Answers | None = None, queued_seconds: f
         record(run, result)
     finally:
         _let_go(run)
+        _hand_on(run.team_id)
     step_ran.send(
         Run, action=run.action, status=result.status, seconds=seconds, queued_seconds=queued_seconds
     )

@@ -352,20 +352,86 @@ _STEP_COLUMNS = (
 )
 
 
-def claim_queued(run_id: int, now: datetime, lease_expires_at: datetime) -> Run | None:
+@dataclass(frozen=True, slots=True)
+class Shares:
+    """How many steps may run at once (0: no limit): of one team, of one API token's runs, and
+    of one team's scripts (GRUNDLAG_TEAM_STEPS, GRUNDLAG_TOKEN_STEPS, GRUNDLAG_TEAM_SCRIPTS)."""
+
+    team: int = 0
+    token: int = 0
+    scripts: int = 0
+
+
+# Running steps of the run's team (of its token, of its team's scripts), counted in the claim.
+_IN_FLIGHT = (
+    "(SELECT COUNT(*) FROM {Run} AS other"
+    " WHERE other.{Run.status} = %s AND other.{Run.team} = {Run}.{Run.team}{also})"
+)
+_TEAM_IN_FLIGHT = _IN_FLIGHT.replace("{also}", "")
+_TOKEN_IN_FLIGHT = _IN_FLIGHT.replace(
+    "{also}", " AND other.{Run.started_by_token} = {Run}.{Run.started_by_token}"
+)
+_SCRIPTS_IN_FLIGHT = _IN_FLIGHT.replace("{also}", " AND other.{Run.consumer} = %s")
+
+
+def claim_queued(
+    run_id: int, now: datetime, lease_expires_at: datetime, shares: Shares = Shares()
+) -> Run | None:
     """Move a queued run to running, under a new lease: of two deliveries of the same message
-    (at-least-once), or two workers, exactly one gets the run; the other gets None."""
+    (at-least-once), or two workers, exactly one gets the run; the other gets None. So does a
+    worker when the run's team (its token, its team's scripts) already has its share of steps
+    running: the run stays queued, for ``next_in_line`` to hand on when one of them ends.
+
+    The share is counted in the claim's own statement. On PostgreSQL, two claims of one team
+    could each count before the other's commit and both take the last place: an advisory lock
+    on the team, taken first and held to the commit, makes them count one after the other
+    (SQLite's write lock does the same for every claim)."""
+    limits, params = [], [Run.Status.RUNNING, lease_expires_at, now, run_id, Run.Status.QUEUED]
+    if shares.team:
+        limits.append(f" AND {_TEAM_IN_FLIGHT} < %s")
+        params += [Run.Status.RUNNING, shares.team]
+    if shares.token:
+        limits.append(f" AND ({{Run.started_by_token}} IS NULL OR {_TOKEN_IN_FLIGHT} < %s)")
+        params += [Run.Status.RUNNING, shares.token]
+    if shares.scripts:
+        limits.append(f" AND ({{Run.consumer}} <> %s OR {_SCRIPTS_IN_FLIGHT} < %s)")
+        params += [Run.Consumer.SANDBOX, Run.Status.RUNNING, Run.Consumer.SANDBOX, shares.scripts]
+    if limits and _db().vendor == "postgresql":
+        execute(
+            sql(
+                "SELECT pg_advisory_xact_lock(%s, CAST({Run.team} AS integer)) FROM {Run} WHERE {Run.id} = %s"
+            ),
+            [_CLAIM_LOCKS, run_id],
+        )
     claimed = fetch(
         Run,
         sql(
             "UPDATE {Run} SET {Run.status} = %s, {Run.attempt} = {Run.attempt} + 1,"
             " {Run.lease_expires_at} = %s, {Run.updated_at} = %s"
-            " WHERE {Run.id} = %s AND {Run.status} = %s"
-            f" RETURNING {_STEP_COLUMNS}"
+            " WHERE {Run.id} = %s AND {Run.status} = %s" + "".join(limits) + f" RETURNING {_STEP_COLUMNS}"
         ),
-        [Run.Status.RUNNING, lease_expires_at, now, run_id, Run.Status.QUEUED],
+        params,
     )
     return claimed[0] if claimed else None
+
+
+# The advisory locks' first key: the claims' (a team's id is the second).
+_CLAIM_LOCKS = 0x6772
+
+
+def next_in_line(team_id: int, count: int) -> list[int]:
+    """The team's ``count`` longest-waiting queued runs (the partial index run_queued holds
+    only queued runs), for a worker to hand on when one of the team's steps ended."""
+    connection = _db()
+    with _cursor(connection) as cursor:
+        cursor.execute(
+            sql(
+                "SELECT {Run.id} FROM {Run} WHERE {Run.status} = %s AND {Run.team} = %s"
+                " ORDER BY {Run.updated_at}, {Run.id} LIMIT %s"
+            ),
+            [Run.Status.QUEUED, team_id, count],
+        )
+        return [row[0] for row in cursor.fetchall()]
 
 
 class Keep(enum.Enum):
