@@ -1,0 +1,182 @@
+"""Isolation: what another team sees while one team floods the server (issue 35).
+
+The demo team's token floods, all at once: 16 scripts that burn CPU (`while True: pass`, each
+stopped by the sandbox's CPU limit), 400 long-polls (`GET /api/approvals/{id}` with
+`Prefer: wait=12`), and cost-bomb conditions: a standing rule whose condition nests
+comprehensions (the reproduction: spaces before each "(") saved around the forms, as an older
+version accepted it, and requests whose `data` makes a two-level rule over it expensive. Meanwhile
+the payroll team's token measures, sequentially, `POST /api/runs` (start -> paused, with
+`Prefer: wait=30`) and `GET /healthz`, as the user sees them: p50 and p99 of each. The goal is
+p99 < 1 s for the step and < 200 ms for /healthz, embedded and scaled.
+
+    python -m bench.isolation [--seconds 40] [--setup embedded|scaled|both] [--bomb-levels 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import percentile, served_site  # noqa: E402
+from tests.integration.services import Postgres  # noqa: E402
+
+TEN = "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]"
+BURN = "while True:\n    pass\n"
+PAIRS = "data.items.exists(a, data.items.exists(b, a == b + 1))"
+
+
+def bomb(levels: int) -> str:
+    body = "false"
+    for level in range(levels):
+        body = f"{TEN}.exists{' ' * 25}(v{level}, {body})"
+    return body
+
+
+def plant_rules(site: Any, levels: int) -> None:
+    """The flooding team's rules, written to the database as a form of an older version would
+    have saved them (today's forms refuse the first)."""
+    code = (
+        "from actions.models import Team, TeamRule; t = Team.objects.get(slug='demo'); "
+        f"TeamRule.objects.create(team=t, name='bomb', when={bomb(levels)!r}, then='approve', "
+        "action='approval', position=0); "
+        f"TeamRule.objects.create(team=t, name='pairs', when={PAIRS!r}, then='approve', "
+        "action='approval', position=1)"
+    )
+    site.manage("shell", "-c", code)
+
+
+def flood(base: str, token: str, stop: threading.Event, said: dict[str, Any]) -> list[threading.Thread]:
+    headers = {"Authorization": f"Bearer {token}"}
+    threads = []
+
+    def scripts() -> None:
+        with httpx.Client(base_url=base, headers=headers, timeout=60) as client:
+            codes = [
+                client.post("/api/scripts/runs", json={"source": BURN, "input": {}}).status_code
+                for _ in range(16)
+            ]
+        said["scripts"] = codes
+
+    def long_polls() -> None:
+        with httpx.Client(base_url=base, headers=headers, timeout=60) as client:
+            asked = client.post("/api/approvals", json={"message": "Hold?", "data": {"items": [1]}})
+            approval = asked.json()["id"]
+
+        def poll(n: int) -> None:
+            with httpx.Client(base_url=base, headers=headers, timeout=60) as client:
+                while not stop.is_set():
+                    response = client.get(f"/api/approvals/{approval}", headers={"Prefer": "wait=12"})
+                    said.setdefault("polls", {}).setdefault(response.status_code, 0)
+                    said["polls"][response.status_code] += 1
+
+        pollers = [threading.Thread(target=poll, args=(n,), daemon=True) for n in range(400)]
+        for each in pollers:
+            each.start()
+
+    def bombs() -> None:
+        items = list(range(20_000))
+        with httpx.Client(base_url=base, headers=headers, timeout=120) as client:
+            while not stop.is_set():
+                response = client.post("/api/approvals", json={"message": "Pay?", "data": {"items": items}})
+                said.setdefault("bombs", []).append(response.status_code)
+                time.sleep(1)
+
+    for target in (scripts, long_polls, bombs):
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        threads.append(thread)
+    return threads
+
+
+def measure(base: str, token: str, seconds: float) -> tuple[list[float], list[float], int]:
+    steps, health, unfinished = [], [], 0
+    headers = {"Authorization": f"Bearer {token}", "Prefer": "wait=30"}
+    end = time.monotonic() + seconds
+    with httpx.Client(base_url=base, headers=headers, timeout=60) as client:
+        n = 0
+        while time.monotonic() < end:
+            begin = time.perf_counter()
+            run = client.post("/api/runs", json={"action": "bench_pause", "input": {"n": n}}).json()
+            steps.append((time.perf_counter() - begin) * 1000)
+            unfinished += run.get("status") != "interrupted"
+            begin = time.perf_counter()
+            client.get("/healthz")
+            health.append((time.perf_counter() - begin) * 1000)
+            n += 1
+            time.sleep(0.1)
+    return steps, health, unfinished
+
+
+def line(name: str, what: str, samples: list[float]) -> str:
+    return (
+        f"  {name:<9} {what:<28} p50 {statistics.median(samples):8.1f} ms   "
+        f"p99 {percentile(samples, 0.99):8.1f} ms   max {max(samples):8.1f} ms   ({len(samples)})"
+    )
+
+
+def one(name: str, seconds: float, levels: int) -> list[str]:
+    with tempfile.TemporaryDirectory(prefix="grundlag-bench-") as tmp:
+        postgres = Postgres() if name == "scaled" else None
+        try:
+            if postgres is not None:
+                postgres.init()
+                postgres.start()
+                database_url = postgres.create_database("isolation")
+            else:
+                database_url = f"sqlite:///{tmp}/isolation.sqlite3"
+            # Rate limits off: what is measured is what the workers, waits and conditions do.
+            with served_site(Path(tmp), database_url, scaled=postgres is not None, GRUNDLAG_API_RATE="0") as (
+                site,
+                server,
+                token,
+            ):
+                payroll = (
+                    site.manage("create_api_token", "payroll", "--name", "bench").strip().splitlines()[-1]
+                )
+                plant_rules(site, levels)
+                quiet, quiet_health, _ = measure(server.url, payroll, 5)
+                stop, said = threading.Event(), {}
+                flood(server.url, token, stop, said)
+                time.sleep(2)  # the flood under way
+                steps, health, unfinished = measure(server.url, payroll, seconds)
+                stop.set()
+        finally:
+            if postgres is not None:
+                postgres.cleanup()
+    return [
+        line(name, "quiet: start -> paused", quiet),
+        line(name, "flood: start -> paused", steps),
+        line(name, "quiet: /healthz", quiet_health),
+        line(name, "flood: /healthz", health),
+        f"  {name:<9} payroll runs not paused in the wait: {unfinished}; the flood's answers: "
+        f"scripts {sorted(set(said.get('scripts', [])))}, polls {said.get('polls')}, "
+        f"bomb requests {len(said.get('bombs', []))} {sorted(set(said.get('bombs', [])))}",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=40)
+    parser.add_argument("--setup", choices=["embedded", "scaled", "both"], default="both")
+    parser.add_argument("--bomb-levels", type=int, default=7, help="8 froze an older version for ~70 s")
+    args = parser.parse_args()
+    setups = ["embedded", "scaled"] if args.setup == "both" else [args.setup]
+    print("Isolation: the payroll team's API while the demo team floods (bench/isolation.py)")
+    for name in setups:
+        for each in one(name, args.seconds, args.bomb_levels):
+            print(each, flush=True)
+
+
+if __name__ == "__main__":
+    main()
