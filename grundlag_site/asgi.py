@@ -16,7 +16,7 @@ from django.conf import settings  # noqa: E402
 
 from actions import mcp  # noqa: E402
 from actions.web import waiting  # noqa: E402
-from actions.web.middleware import BodyLimit  # noqa: E402
+from actions.web.middleware import BodyLimit, cap_daphne_bodies  # noqa: E402
 from actions.web.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -30,6 +30,9 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+
+# Daphne keeps no body over the cap either: refused as it arrives.
+cap_daphne_bodies(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
 
 # On PostgreSQL, listen for the runs' changes from the start (`Prefer: wait` wakes on them).
 waiting.listen()

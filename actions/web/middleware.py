@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 import json
 import logging
 from collections.abc import Callable
@@ -79,9 +80,7 @@ class BodyLimit:
     API's (``{"detail": ...}``) under /api/ and /mcp/, plain text elsewhere.
 
     Daphne itself (Twisted) takes in a whole body, to a temporary file and then into the app's
-    queue, before it calls the app: what this spares is Django's copy and its reading, not
-    daphne's. To stop an upload at the door, cap it in front of daphne as well (the proxy's
-    client_max_body_size, at DATA_UPLOAD_MAX_MEMORY_SIZE)."""
+    queue, before it calls the app: ``cap_daphne_bodies`` stops it at the door."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -297,3 +296,60 @@ def axes_middleware_last(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             id="grundlag.E001",
         )
     ]
+
+
+def cap_daphne_bodies(limit: int) -> None:
+    """Make daphne refuse a request body over ``limit`` bytes as it arrives, before it keeps any
+    of it: a Content-Length over it as soon as the headers are in, a body without one (chunked)
+    at the first byte past it. The answer is a 413 with the API's error body, and the
+    connection is closed (the rest of the body is never read). Daphne has no setting for this;
+    its request class (Twisted's ``Request``) is told here, once, when the ASGI app is built."""
+    try:
+        from daphne.http_protocol import WebRequest
+    except ImportError:  # served by another ASGI server: BodyLimit still holds
+        return
+    if getattr(WebRequest, "grundlag_limit", None) is not None:
+        WebRequest.grundlag_limit = limit
+        return
+    took_length, took_chunk, took_process = (
+        WebRequest.gotLength,
+        WebRequest.handleContentChunk,
+        WebRequest.process,
+    )
+
+    def refuse(request: Any, message: str) -> None:
+        request.grundlag_refused = True
+        body = json.dumps({"detail": message}).encode()
+        transport = request.channel.transport
+        transport.write(
+            b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        transport.loseConnection()
+
+    def gotLength(self: Any, length: int | None) -> None:  # noqa: N802 - Twisted's name
+        self.grundlag_received = 0
+        self.grundlag_refused = False
+        if length is not None and length > WebRequest.grundlag_limit:
+            self.content = io.BytesIO()  # nothing of it is kept
+            refuse(self, too_large(length, WebRequest.grundlag_limit))
+            return
+        took_length(self, length)
+
+    def handleContentChunk(self: Any, data: bytes) -> None:  # noqa: N802 - Twisted's name
+        if getattr(self, "grundlag_refused", False):
+            return
+        self.grundlag_received = getattr(self, "grundlag_received", 0) + len(data)
+        if self.grundlag_received > WebRequest.grundlag_limit:
+            refuse(self, too_large(None, WebRequest.grundlag_limit))
+            return
+        took_chunk(self, data)
+
+    def process(self: Any) -> None:
+        if not getattr(self, "grundlag_refused", False):  # a refused body reaches no app
+            took_process(self)
+
+    WebRequest.grundlag_limit = limit
+    WebRequest.process = process
+    WebRequest.gotLength = gotLength
+    WebRequest.handleContentChunk = handleContentChunk
