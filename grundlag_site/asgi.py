@@ -16,14 +16,15 @@ from django.conf import settings  # noqa: E402
 
 from actions import mcp  # noqa: E402
 from actions.web import waiting  # noqa: E402
-from actions.web.middleware import BodyLimit, cap_daphne_bodies  # noqa: E402
+from actions.web.middleware import BodyLimit, TokenConcurrency, cap_daphne_bodies  # noqa: E402
 from actions.web.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # /mcp/: agent hosts call the team's actions as MCP tools (actions.mcp); the rest is Django.
         # Every body is capped before either reads it (Django's handler would read it whole).
-        "http": BodyLimit(mcp.mount(django_asgi_app)),
+        # One token's requests under way at once are capped before anything runs.
+        "http": TokenConcurrency(BodyLimit(mcp.mount(django_asgi_app))),
         # The pages that may open it are those that may call /mcp/ (which checks them itself).
         "websocket": OriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), settings.GRUNDLAG_ALLOWED_ORIGINS

@@ -597,3 +597,7 @@ GRUNDLAG_CONDITION_BUDGET = envint("GRUNDLAG_CONDITION_BUDGET", "2000000", minim
 GRUNDLAG_TEAM_STEPS = envint("GRUNDLAG_TEAM_STEPS", str(max(1, CELERY_WORKER_CONCURRENCY * 3 // 4)))
 GRUNDLAG_TOKEN_STEPS = envint("GRUNDLAG_TOKEN_STEPS", str(GRUNDLAG_TEAM_STEPS))
 GRUNDLAG_TEAM_SCRIPTS = envint("GRUNDLAG_TEAM_SCRIPTS", str(max(1, CELERY_WORKER_CONCURRENCY // 2)))
+# Requests of one API token under way at once in a web process (/api/, /mcp/), held waits
+# included; past it 429 with Retry-After: 1, before anything runs (actions.web.middleware).
+# 0: no limit.
+GRUNDLAG_MAX_REQUESTS_PER_TOKEN = envint("GRUNDLAG_MAX_REQUESTS_PER_TOKEN", "16")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -128,6 +129,55 @@ class BodyLimit:
         headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+class TokenConcurrency:
+    """ASGI, in front of the whole HTTP app (grundlag_site.asgi): at most
+    GRUNDLAG_MAX_REQUESTS_PER_TOKEN requests of one bearer token under way at once in this
+    process, on /api/ and /mcp/; past it, 429 with ``Retry-After: 1`` at once, before Django
+    runs anything. Django runs the API's synchronous code in one thread per process: without
+    this, 400 requests sent at once by one token queue every other team's requests behind
+    them for seconds, though the rate limit lets them through (it counts, it does not pace).
+    Counted by the token as sent (its hash), so nothing is read from the database to count; a
+    made-up token counts as one more token, and fails its check as before."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.under_way: dict[bytes, int] = {}
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        most = settings.GRUNDLAG_MAX_REQUESTS_PER_TOKEN
+        path = str(scope.get("path", ""))
+        if scope["type"] != "http" or not most or not path.startswith(("/api/", "/mcp")):
+            await self.app(scope, receive, send)
+            return
+        sent = dict(scope.get("headers") or []).get(b"authorization", b"")
+        if not sent.lower().startswith(b"bearer "):
+            await self.app(scope, receive, send)
+            return
+        key = hashlib.sha256(sent).digest()
+        if self.under_way.get(key, 0) >= most:
+            body = json.dumps(
+                {"detail": f"this token has {most} requests under way already; retry when one has ended"}
+            ).encode()
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", b"1"),
+            ]
+            await send({"type": "http.response.start", "status": 429, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        # One event loop per process: the count needs no lock.
+        self.under_way[key] = self.under_way.get(key, 0) + 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            left = self.under_way[key] - 1
+            if left:
+                self.under_way[key] = left
+            else:
+                del self.under_way[key]
 
 
 def _replay(messages: list[dict[str, Any]], receive: Any) -> Any:
