@@ -210,3 +210,46 @@ def test_the_run_page_shows_the_script_its_call_log_and_the_pause(team: Team, re
     page = client.get(f"/runs/{run.pk}/").content.decode()
     assert "sent = call(&quot;send_invoice&quot;" in page
     assert "paused here, waiting for a decision" in page and "PAGE-1" in page
+
+
+def test_a_scripts_process_runs_after_the_servers_at_a_lower_priority(team: Team, settings: Any) -> None:
+    """A team's CPU-bound scripts slow its own scripts, not every team's requests (issue 35)."""
+    import os
+    import threading
+    import time
+    from pathlib import Path
+
+    settings.GRUNDLAG_SANDBOX_CPU_SECONDS = 2
+    seen: set[int] = set()
+    stop = threading.Event()
+
+    def sample() -> None:  # the niceness of this process's descendants while the script runs
+        while not stop.is_set():
+            for proc in Path("/proc").iterdir():
+                try:
+                    if proc.name.isdigit() and int(proc.name) != os.getpid():
+                        stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                        if int(stat[1]) != os.getpid() and _descends(int(stat[1])):
+                            seen.add(int(stat[16]))  # field 19 of stat: nice
+                except (OSError, ValueError):
+                    continue
+            time.sleep(0.05)
+
+    def _descends(pid: int) -> bool:
+        for _ in range(10):
+            if pid == os.getpid():
+                return True
+            if pid <= 1:
+                return False
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        return False
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        run = script(team, "while True:\n    pass\n")
+    finally:
+        stop.set()
+        sampler.join()
+    assert run.status == Run.Status.FAILED
+    assert 10 in seen  # bwrap, and the child at first, run at 0
