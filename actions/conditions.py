@@ -36,17 +36,22 @@ MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 # Operations whose work grows with the size of what they are given (a list, a map, a string).
 _WALKS = frozenset(
     {"in", "==", "!=", "<", "<=", ">", ">=", "size", "string", "bytes", "int", "uint", "double"}
-    | {"contains", "startsWith", "endsWith", "matches"}
+    | {"contains", "startsWith", "endsWith"}
 )
 # A string of this many characters costs about one step to read; "+" copies each character.
 _CHARS_A_STEP = 64
-_READS, _COPIES = 1, 2
+_READS, _COPIES, _MATCHES = 1, 2, 3
+# "matches" compiles its pattern at each evaluation: a large one (a Unicode class repeated) takes
+# tens of milliseconds, whatever it is matched against.
+MATCHES_STEPS = 500_000
 
 _TOKEN = re.compile(
     r"""
     (?P<space>\s+)
   | (?P<comment>//[^\n]*)
-  | (?P<string>[rRbB]{0,2}(?:\"\"\"[\s\S]*?\"\"\"|'''[\s\S]*?'''|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*'))
+  | (?P<raw>(?:[bB]?[rR]|[rR][bB])(?:\"\"\"[\s\S]*?\"\"\"|'''[\s\S]*?'''|"[^"\n]*"|'[^'\n]*'))
+  | (?P<string>[bB]?(?:\"\"\"(?:\\[\s\S]|[^\\])*?\"\"\"|'''(?:\\[\s\S]|[^\\])*?'''
+                     |"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*'))
   | (?P<number>0[xX][0-9a-fA-F]+[uU]?|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?[uU]?)
   | (?P<name>[A-Za-z_]\w*)
   | (?P<op>==|!=|<=|>=|&&|\|\||[-+*/%<>!?:.,()\[\]{}])
@@ -101,10 +106,28 @@ def _tokens(text: str) -> list[_Token]:
             at += 1
             continue
         kind = found.lastgroup or "op"
+        if kind == "raw":  # a raw string (no escapes in it): a string all the same
+            kind = "string"
         if kind not in ("space", "comment"):
             out.append(_Token(kind, found.group()))
         at = found.end()
     return out
+
+
+def _strings_are_strings(tokens: list[_Token]) -> bool:
+    """Whether every token read as a string is one, as CEL reads it: a string's extent decides
+    what the bounds see, so a misread one must refuse the condition rather than hide code."""
+    for token in tokens:
+        if token.kind == "string":
+            try:
+                value = cel.compile(token.text).execute({})
+            except Exception:  # noqa: BLE001 - not a literal on its own: misread
+                return False
+            if not isinstance(value, (str, bytes)):
+                return False
+        elif token.kind == "op" and token.text in ('"', "'", "\\"):
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -114,8 +137,8 @@ class Shape:
     nesting: int  # how deep its comprehensions nest
     widest_literal: int  # the most elements of a list or map it writes
     joins: int  # how many "+" it has: each can make a list or string as long as two
-    # Per token: how many comprehensions enclose it, and whether it reads (_READS) or copies
-    # (_COPIES) a whole value, or neither (0).
+    # Per token: how many comprehensions enclose it, and whether it reads (_READS), copies
+    # (_COPIES) or matches (_MATCHES) a whole value, or none of these (0).
     levels: tuple[tuple[int, int], ...] = field(repr=False)
     # Per map or filter: how many comprehensions enclose it, and whether what it makes of each
     # element may hold a whole variable (its body names data, input...), not a part of one.
@@ -173,7 +196,12 @@ def shape_of(text: str) -> Shape:
             bare.append((index, token.text))
         work = 0
         if token.kind in ("op", "name"):
-            work = _COPIES if token.text == "+" else _READS if token.text in _WALKS else 0
+            if token.text == "matches":
+                work = _MATCHES
+            elif token.text == "+":
+                work = _COPIES
+            elif token.text in _WALKS:
+                work = _READS
         levels.append((depth, work))
     names = tuple(name for _, name in bare)
     return Shape(nesting, widest, joins, tuple(levels), tuple(collects), frozenset(bound), names)
@@ -250,7 +278,13 @@ class Condition:
         grows = shape.joins + 1  # "a + a + a" is three times as long as a
         size = max(extent.widest, shape.widest_literal, 1) * grows
         longest = extent.longest * grows
-        each = {0: 1, _READS: max(size, 1 + longest // _CHARS_A_STEP), _COPIES: max(size, longest)}
+        values = max(extent.total, shape.widest_literal, 1) * grows  # "==" may walk all of them
+        each = {
+            0: 1,
+            _READS: max(values, 1 + longest // _CHARS_A_STEP),
+            _COPIES: max(size, longest),
+            _MATCHES: max(values, 1 + longest // _CHARS_A_STEP, MATCHES_STEPS),
+        }
         steps = sum(int(size**depth) * each[work] for depth, work in shape.levels)
         whole, part = max(extent.total, 1) * grows, max(extent.element, shape.widest_literal, 1) * grows
         return steps + sum(
@@ -310,6 +344,8 @@ def compile_condition(text: str, budget: int = CONDITION_BUDGET) -> Condition:
         if found:
             raise ConditionError(reason, int(found[1]), int(found[2])) from None
         raise ConditionError(reason) from None
+    if not _strings_are_strings(_tokens(text)):
+        raise ConditionError("the condition has a string this check cannot read; write it more plainly")
     shape = shape_of(text)
     if shape.nesting > MAX_MACRO_NESTING:
         raise ConditionError(

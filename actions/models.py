@@ -243,6 +243,13 @@ class Run(models.Model):
             models.Index(
                 fields=["lease_expires_at"], name="run_running", condition=models.Q(status="running")
             ),
+            # What a claim counts of the run's team (its token's, its scripts) to keep the team
+            # to its share of the workers (store.claim_queued): only running runs are in it.
+            models.Index(
+                fields=["team", "consumer", "started_by_token"],
+                name="run_running_team",
+                condition=models.Q(status="running"),
+            ),
             where_set("finished_at", "run_finished"),
             where_set("started_by", "run_started_by"),
             where_set("started_by_token", "run_started_by_token"),

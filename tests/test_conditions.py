@@ -54,6 +54,27 @@ def test_comprehensions_nest_at_most_two_deep_however_they_are_spaced(gap: str) 
         compile_condition(nested(3, gap))
 
 
+@pytest.mark.parametrize("opening", ['r"\\" != "//" && ', "r'\\' != '//' && ", 'R"""\\""" != "//" && '])
+def test_a_raw_string_cannot_hide_what_follows_it(opening: str) -> None:
+    """The review's reproduction: a raw string ending in a backslash, read as an escape, hid the
+    rest of the condition behind a "//" taken for a comment."""
+    with pytest.raises(ConditionError, match="nest at most 2 deep"):
+        compile_condition(opening + nested(7))
+
+
+def test_matching_a_pattern_costs_its_compilation_and_comparing_walks_every_value() -> None:
+    pattern = compile_condition("input.patterns.exists(p, input.name.matches(p))")
+    many = ConditionInput({"data": None, "input": {"patterns": ["a"] * 40, "name": "x"}})
+    with pytest.raises(ConditionTooCostly):
+        pattern.evaluate(many)
+    tree: Any = [1]
+    for _ in range(4):
+        tree = [tree] * 16
+    deep = compile_condition("data.a.all(x, data.a.all(y, data.b == data.b))")
+    with pytest.raises(ConditionTooCostly):
+        deep.evaluate(given({"a": list(range(10)), "b": tree}))
+
+
 def test_what_a_string_holds_is_not_read_as_a_comprehension() -> None:
     text = 'data.note == "x.exists(a, y.exists(b, z.exists(c, 1)))" && data.l.exists(q, q > 1)'
     assert compile_condition(text).shape.nesting == 1

@@ -28,12 +28,14 @@ class Held:
         await send({"type": "http.response.body", "body": b"ok"})
 
 
-async def request(app: Any, token: str, path: str = "/api/runs") -> tuple[int, dict[bytes, bytes]]:
+async def request(
+    app: Any, token: str, path: str = "/api/runs", scheme: str = "Bearer"
+) -> tuple[int, dict[bytes, bytes]]:
     scope = {
         "type": "http",
         "path": path,
         "method": "GET",
-        "headers": [(b"authorization", f"Bearer {token}".encode())],
+        "headers": [(b"authorization", f"{scheme} {token}".encode())],
     }
     said: list[dict[str, Any]] = []
 
@@ -81,3 +83,16 @@ async def test_pages_and_requests_without_a_token_are_not_counted(settings: Any)
     app = TokenConcurrency(inner)
     assert (await request(app, "x", "/inbox/"))[0] == 200
     assert app.under_way == {}
+
+
+@pytest.mark.asyncio
+async def test_one_token_spelt_differently_is_still_one_token(settings: Any) -> None:
+    settings.GRUNDLAG_MAX_REQUESTS_PER_TOKEN = 1
+    inner = Held()
+    app = TokenConcurrency(inner)
+    held = asyncio.create_task(request(app, "flood"))
+    await asyncio.sleep(0.05)
+    for spelt in ("bearer", "BEARER", "Bearer "):
+        assert (await asyncio.wait_for(request(app, "flood", scheme=spelt), 1))[0] == 429, spelt
+    inner.release.set()
+    await held

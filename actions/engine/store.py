@@ -362,10 +362,12 @@ class Shares:
     scripts: int = 0
 
 
-# Running steps of the run's team (of its token, of its team's scripts), counted in the claim.
+# Running steps of the run's team (of its token, of its team's scripts), counted in the claim
+# from the partial index run_running_team (the status written out: SQLite uses a partial index
+# only for the condition it was made with, not for a parameter).
 _IN_FLIGHT = (
     "(SELECT COUNT(*) FROM {Run} AS other"
-    " WHERE other.{Run.status} = %s AND other.{Run.team} = {Run}.{Run.team}{also})"
+    " WHERE other.{Run.status} = 'running' AND other.{Run.team} = {Run}.{Run.team}{also})"
 )
 _TEAM_IN_FLIGHT = _IN_FLIGHT.replace("{also}", "")
 _TOKEN_IN_FLIGHT = _IN_FLIGHT.replace(
@@ -389,13 +391,13 @@ def claim_queued(
     limits, params = [], [Run.Status.RUNNING, lease_expires_at, now, run_id, Run.Status.QUEUED]
     if shares.team:
         limits.append(f" AND {_TEAM_IN_FLIGHT} < %s")
-        params += [Run.Status.RUNNING, shares.team]
+        params += [shares.team]
     if shares.token:
         limits.append(f" AND ({{Run.started_by_token}} IS NULL OR {_TOKEN_IN_FLIGHT} < %s)")
-        params += [Run.Status.RUNNING, shares.token]
+        params += [shares.token]
     if shares.scripts:
         limits.append(f" AND ({{Run.consumer}} <> %s OR {_SCRIPTS_IN_FLIGHT} < %s)")
-        params += [Run.Consumer.SANDBOX, Run.Status.RUNNING, Run.Consumer.SANDBOX, shares.scripts]
+        params += [Run.Consumer.SANDBOX, Run.Consumer.SANDBOX, shares.scripts]
     if limits and _db().vendor == "postgresql":
         execute(
             sql(

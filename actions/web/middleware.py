@@ -151,11 +151,11 @@ class TokenConcurrency:
         if scope["type"] != "http" or not most or not path.startswith(("/api/", "/mcp")):
             await self.app(scope, receive, send)
             return
-        sent = dict(scope.get("headers") or []).get(b"authorization", b"")
-        if not sent.lower().startswith(b"bearer "):
+        scheme, _, sent = dict(scope.get("headers") or []).get(b"authorization", b"").partition(b" ")
+        if scheme.lower() != b"bearer" or not sent.strip():
             await self.app(scope, receive, send)
             return
-        key = hashlib.sha256(sent).digest()
+        key = hashlib.sha256(sent.strip()).digest()  # as the token's check reads it
         if self.under_way.get(key, 0) >= most:
             body = json.dumps(
                 {"detail": f"this token has {most} requests under way already; retry when one has ended"}
@@ -382,6 +382,7 @@ def cap_daphne_bodies(limit: int) -> None:
         self.grundlag_refused = False
         if length is not None and length > WebRequest.grundlag_limit:
             self.content = io.BytesIO()  # nothing of it is kept
+            self.requestHeaders.removeHeader(b"expect")  # no "100 Continue" after the 413
             refuse(self, too_large(length, WebRequest.grundlag_limit))
             return
         took_length(self, length)
