@@ -42,6 +42,9 @@ EMBEDDING_A_PRIVATE_ADDRESS = [
     "2001:0:808:808::80ff:fffe",  # Teredo, server 8.8.8.8, client 127.0.0.1 (stored inverted)
     "2001:0:a00:1::f7f7:fbfb",  # Teredo, server 10.0.0.1, client 8.8.4.4
     "::ffff:169.254.169.254",  # IPv4-mapped
+    "2600::5efe:a00:1",  # ISATAP: 10.0.0.1
+    "2600::200:5efe:7f00:1",  # ISATAP, the universal/local bit set: 127.0.0.1
+    "fec0::1",  # site-local (deprecated, still routed inside some networks)
 ]
 # Each carries a public IPv4 address: as public as it.
 EMBEDDING_A_PUBLIC_ADDRESS = [
@@ -49,6 +52,7 @@ EMBEDDING_A_PUBLIC_ADDRESS = [
     "64:ff9b::808:808",  # NAT64's well-known prefix: 8.8.8.8
     "2001:0:808:808::f7f7:fbfb",  # Teredo, server 8.8.8.8, client 8.8.4.4
     "::ffff:8.8.8.8",  # IPv4-mapped
+    "2600::5efe:808:808",  # ISATAP: 8.8.8.8
 ]
 
 

@@ -35,6 +35,9 @@ _LAST_32_BITS = (
 # NAT64's local-use prefix (RFC 8215): a site's own translator, with the IPv4 address wherever the
 # site's prefix length puts it, so there is no one place to read it from. Never public.
 _LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")
+# Site-local (deprecated by RFC 3879, and still routed inside some networks): Python 3.11 calls
+# it global.
+_SITE_LOCAL = ipaddress.IPv6Network("fec0::/10")
 PRIVATE = (
     "resolves to a private, loopback or link-local address (GRUNDLAG_WEBHOOK_ALLOW_PRIVATE=true allows it)"
 )
@@ -53,6 +56,9 @@ def _embedded(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address] | N
         return [server, client]
     if any(address in network for network in _LAST_32_BITS):
         return [ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)]
+    if (int(address) >> 32) & 0xFDFFFFFF == 0x5EFE:
+        # ISATAP (RFC 5214): any prefix, an interface id of [02]00:5efe:a.b.c.d.
+        return [ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)]
     return None
 
 
@@ -62,7 +68,7 @@ def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     if address.is_multicast:
         return False
     if isinstance(address, ipaddress.IPv6Address):
-        if address in _LOCAL_NAT64:
+        if address in _LOCAL_NAT64 or address in _SITE_LOCAL:
             return False
         embedded = _embedded(address)
         if embedded is not None:
