@@ -207,3 +207,24 @@ class TestThroughTheEngine:
         page = dry.content.decode()
         assert "holds for <strong>1</strong>" in page and "fails to evaluate on <strong>1</strong>" in page
         assert "not evaluated" in page
+
+    def test_the_pauses_of_one_step_share_one_budget(self, team: Team) -> None:
+        """An agent's turn may pause on many tool calls at once: their conditions together, not
+        each, are held to the budget."""
+        from actions.core import ApprovalPolicy
+        from actions.models import Run
+
+        TeamRule.objects.create(
+            team=team, name="scan", when="data.items.exists(a, a in data.items)", then="approve"
+        )
+        run = Run.objects.create(team=team, action="conditions_batch", input={"items": []})
+        teams = rules.team_set(team.pk)
+        data = {"items": list(range(1000))}
+        first = rules.route(run, "conditions_batch", data, None, {}, ApprovalPolicy(), teams)
+        assert first.decision is not None and first.given is not None
+        second = rules.route(
+            run, "conditions_batch", data, None, {}, ApprovalPolicy(), teams, first.given.spent
+        )
+        assert second.decision is None and "not evaluated" in second.note["rule_failed"]["error"]
+        alone = rules.route(run, "conditions_batch", data, None, {}, ApprovalPolicy(), teams)
+        assert alone.decision is not None

@@ -300,14 +300,17 @@ def route(
     fields: dict[str, Any],
     policy: ApprovalPolicy,
     teams: TeamSet,
+    spent: int = 0,
 ) -> Routed:
     """Apply the rules and delegations to a new interrupt's ``fields`` (policies.policy_fields),
     and say what decides it, if anything does. Grants are looked at once it is inserted
-    (``grant_for``), where the granter's right to decide it can be checked."""
+    (``grant_for``), where the granter's right to decide it can be checked. ``spent``: the
+    steps the conditions of the step's earlier pauses took (one budget for a whole step)."""
     routed = Routed(dict(fields), teams=teams)
     rules = [*teams.rules, *declared_rules(policy, action_name)]
     if rules or teams.grants:
         given = context(data, call_input(run, arguments), action_name, teams.slug, requester_name(run))
+        given.spent = spent
         routed.given = given
         verdict = evaluate(rules, given, action_name)
         if verdict.failed:

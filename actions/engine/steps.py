@@ -446,7 +446,7 @@ def _record(run: Run, result: StepResult, driver_state: dict[str, Any] | store.K
         if not recorded:
             logger.warning("run %s attempt %s lost its lease; result dropped", run.pk, run.attempt)
             return
-        created = []
+        created, spent = [], 0  # spent: what the step's conditions took of their one budget
         if result.status == Status.INTERRUPTED:
             for pause in result.pauses:
                 action_name = pause.action or run.action
@@ -459,8 +459,9 @@ def _record(run: Run, result: StepResult, driver_state: dict[str, Any] | store.K
                 }
                 routed = rules.route(
                     run, action_name, pause.data, pause.arguments, fields, policy,
-                    rules.team_set(run.team_id, (version, slug)),
+                    rules.team_set(run.team_id, (version, slug)), spent,
                 )  # fmt: skip
+                spent = routed.given.spent if routed.given is not None else spent
                 interrupt = Interrupt(
                     run_id=run.pk,
                     action=action_name,
