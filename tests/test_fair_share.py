@@ -5,6 +5,7 @@ team's run goes on; the waiting run goes on as soon as one of its team's steps e
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -61,7 +62,7 @@ def in_flight(team: Team, **fields: Any) -> Run:
     """A step of ``team`` running elsewhere (another worker's, its lease live)."""
     defaults = {"action": "fair_share_job", "input": {}, "status": Run.Status.RUNNING, "attempt": 1}
     return Run.objects.create(
-        team=team, lease_expires_at=timezone.now() + timezone.timedelta(minutes=5), **{**defaults, **fields}
+        team=team, lease_expires_at=timezone.now() + timedelta(minutes=5), **{**defaults, **fields}
     )
 
 
