@@ -117,3 +117,19 @@ def test_a_token_and_a_teams_scripts_have_shares_of_their_own(team: Team, settin
     settings.GRUNDLAG_TOKEN_STEPS = 0
     steps.execute_step(by_token.pk)
     assert status(by_token) == Run.Status.INTERRUPTED
+
+
+def test_a_waiting_script_is_passed_over_for_a_run_that_may_go_and_the_sweeper_sends_neither_in_vain(
+    team: Team, settings: Any
+) -> None:
+    from actions.engine import store
+
+    settings.GRUNDLAG_TEAM_STEPS = 0
+    settings.GRUNDLAG_TEAM_SCRIPTS = 1
+    in_flight(team, consumer=Run.Consumer.SANDBOX)
+    script = Run.objects.create(team=team, action="fair_share_job", input={}, consumer=Run.Consumer.SANDBOX)
+    plain = Run.objects.create(team=team, action="fair_share_job", input={})
+    Run.objects.filter(pk=script.pk).update(updated_at=timezone.now() - timedelta(minutes=1))
+    # The script waits longest, but cannot go: the plain run is handed on.
+    assert store.next_in_line(team.pk, 1, steps.shares()) == [plain.pk]
+    assert store.unclaimed(timezone.now(), steps.shares()) == [plain.pk]

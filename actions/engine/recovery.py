@@ -11,8 +11,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from actions.engine import store
 from actions.engine.journal import atomic, log, push_run_status
-from actions.engine.steps import enqueue
+from actions.engine.steps import enqueue, shares
 from actions.models import Run, RunEvent
 
 Status = Run.Status
@@ -68,9 +69,8 @@ def sweep(*, all_unfinished: bool = False) -> int:
     # A queued step unclaimed for GRUNDLAG_QUEUED_GRACE_SECONDS is presumed to have lost its
     # message, and is sent again (its updated_at moved on, so at most once per grace).
     grace = now if all_unfinished else now - timedelta(seconds=settings.GRUNDLAG_QUEUED_GRACE_SECONDS)
-    for run_id in Run.objects.filter(status=Status.QUEUED, updated_at__lte=grace).values_list(
-        "pk", flat=True
-    ):
+    # A run waiting its turn (its team at its share of the workers) is left to the hand-on.
+    for run_id in store.unclaimed(grace, shares()):
         with transaction.atomic():
             if Run.objects.filter(pk=run_id, status=Status.QUEUED, updated_at__lte=grace).update(
                 updated_at=now

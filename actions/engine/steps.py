@@ -323,7 +323,7 @@ def _hand_on(team_id: int) -> None:
     waiting go to the workers now (a claim still decides which may run)."""
     if inline() or not cache.get(_waiting_key(team_id)):
         return
-    waiting = store.next_in_line(team_id, 2)
+    waiting = store.next_in_line(team_id, 2, shares())
     if not waiting:
         cache.delete(_waiting_key(team_id))
     for run_id in waiting:

@@ -376,6 +376,23 @@ _TOKEN_IN_FLIGHT = _IN_FLIGHT.replace(
 _SCRIPTS_IN_FLIGHT = _IN_FLIGHT.replace("{also}", " AND other.{Run.consumer} = %s")
 
 
+def _within(shares: Shares) -> tuple[str, list[Any]]:
+    """The conditions (and their parameters) a queued run of {Run} meets while its team, its
+    token and its team's scripts are within their shares: "" when there are no limits."""
+    limits: list[str] = []
+    params: list[Any] = []
+    if shares.team:
+        limits.append(f" AND {_TEAM_IN_FLIGHT} < %s")
+        params += [shares.team]
+    if shares.token:
+        limits.append(f" AND ({{Run.started_by_token}} IS NULL OR {_TOKEN_IN_FLIGHT} < %s)")
+        params += [shares.token]
+    if shares.scripts:
+        limits.append(f" AND ({{Run.consumer}} <> %s OR {_SCRIPTS_IN_FLIGHT} < %s)")
+        params += [Run.Consumer.SANDBOX, Run.Consumer.SANDBOX, shares.scripts]
+    return "".join(limits), params
+
+
 def claim_queued(
     run_id: int, now: datetime, lease_expires_at: datetime, shares: Shares = Shares()
 ) -> Run | None:
@@ -388,16 +405,8 @@ def claim_queued(
     could each count before the other's commit and both take the last place: an advisory lock
     on the team, taken first and held to the commit, makes them count one after the other
     (SQLite's write lock does the same for every claim)."""
-    limits, params = [], [Run.Status.RUNNING, lease_expires_at, now, run_id, Run.Status.QUEUED]
-    if shares.team:
-        limits.append(f" AND {_TEAM_IN_FLIGHT} < %s")
-        params += [shares.team]
-    if shares.token:
-        limits.append(f" AND ({{Run.started_by_token}} IS NULL OR {_TOKEN_IN_FLIGHT} < %s)")
-        params += [shares.token]
-    if shares.scripts:
-        limits.append(f" AND ({{Run.consumer}} <> %s OR {_SCRIPTS_IN_FLIGHT} < %s)")
-        params += [Run.Consumer.SANDBOX, Run.Consumer.SANDBOX, shares.scripts]
+    limits, more = _within(shares)
+    params = [Run.Status.RUNNING, lease_expires_at, now, run_id, Run.Status.QUEUED, *more]
     if limits and _db().vendor == "postgresql":
         execute(
             sql(
@@ -410,7 +419,7 @@ def claim_queued(
         sql(
             "UPDATE {Run} SET {Run.status} = %s, {Run.attempt} = {Run.attempt} + 1,"
             " {Run.lease_expires_at} = %s, {Run.updated_at} = %s"
-            " WHERE {Run.id} = %s AND {Run.status} = %s" + "".join(limits) + f" RETURNING {_STEP_COLUMNS}"
+            " WHERE {Run.id} = %s AND {Run.status} = %s" + limits + f" RETURNING {_STEP_COLUMNS}"
         ),
         params,
     )
@@ -421,18 +430,33 @@ def claim_queued(
 _CLAIM_LOCKS = 0x6772
 
 
-def next_in_line(team_id: int, count: int) -> list[int]:
-    """The team's ``count`` longest-waiting queued runs (the partial index run_queued holds
-    only queued runs), for a worker to hand on when one of the team's steps ended."""
+def next_in_line(team_id: int, count: int, shares: Shares) -> list[int]:
+    """The team's ``count`` longest-waiting queued runs that its shares let run now (a waiting
+    script is passed over while the team's scripts are at theirs, and so is a token's run), for
+    a worker to hand on when one of the team's steps ended."""
+    limits, params = _within(shares)
+    return _ids(
+        "SELECT {Run.id} FROM {Run} WHERE {Run.status} = %s AND {Run.team} = %s"
+        + limits
+        + " ORDER BY {Run.updated_at}, {Run.id} LIMIT %s",
+        [Run.Status.QUEUED, team_id, *params, count],
+    )
+
+
+def unclaimed(before: datetime, shares: Shares) -> list[int]:
+    """Queued runs whose message was sent before ``before`` and that their shares let run now,
+    for the sweeper to send again: a run waiting its turn is not sent only to be refused."""
+    limits, params = _within(shares)
+    return _ids(
+        "SELECT {Run.id} FROM {Run} WHERE {Run.status} = %s AND {Run.updated_at} <= %s" + limits,
+        [Run.Status.QUEUED, before, *params],
+    )
+
+
+def _ids(template: str, params: Sequence[Any]) -> list[int]:
     connection = _db()
     with _cursor(connection) as cursor:
-        cursor.execute(
-            sql(
-                "SELECT {Run.id} FROM {Run} WHERE {Run.status} = %s AND {Run.team} = %s"
-                " ORDER BY {Run.updated_at}, {Run.id} LIMIT %s"
-            ),
-            [Run.Status.QUEUED, team_id, count],
-        )
+        cursor.execute(sql(template), _adapted(connection, params))
         return [row[0] for row in cursor.fetchall()]
 
 
