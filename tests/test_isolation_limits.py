@@ -366,3 +366,33 @@ def test_a_bad_limit_stops_the_process_naming_the_variable(env: dict[str, str], 
     )
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and message in result.stderr
+
+
+def test_concurrent_requests_of_one_token_each_count_against_the_rate(settings: Any) -> None:
+    """ninja's window was read, appended to and written back: requests at once overwrote each
+    other's and a burst went past the rate. The count is one atomic increment each."""
+    import threading as _threading
+
+    from django.core.cache import cache
+    from django.test import RequestFactory
+
+    from actions.web.waiting import TokenRateThrottle
+
+    cache.clear()
+    settings.GRUNDLAG_API_RATE = "10/min"
+    throttle = TokenRateThrottle()
+    allowed: list[bool] = []
+    start = _threading.Barrier(40)
+
+    def one() -> None:
+        request = RequestFactory().get("/api/runs")
+        request.auth = ApiToken(pk=991, name="burst")  # type: ignore[attr-defined]
+        start.wait()
+        allowed.append(throttle.allow_request(request))
+
+    threads = [_threading.Thread(target=one) for _ in range(40)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert allowed.count(True) == 10

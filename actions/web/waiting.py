@@ -37,10 +37,11 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core.cache import cache
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.http import HttpRequest
 from ninja.throttling import BaseThrottle, SimpleRateThrottle
@@ -363,10 +364,10 @@ def place_to_wait(token_id: int | None) -> Iterator[bool]:
 
 class TokenRateThrottle(BaseThrottle):
     """settings.GRUNDLAG_API_RATE per API token (per user, for a request signed in instead):
-    ninja's throttle (a sliding window of request times in Django's cache: Redis, shared by
-    every process, when there is one), keyed by the token's id, read from the settings at each
-    request. ninja keeps one throttle for every request of the API and its window of the request
-    being checked on the throttle, between allow_request() and wait(): here the window is one of
+    a ninja throttle counting in Django's cache (Redis, shared by every process, when there is
+    one; see _Window), keyed by the token's id, read from the settings at each request. ninja
+    keeps one throttle for every request of the API and its window of the request being
+    checked on the throttle, between allow_request() and wait(): here the window is one of
     the request's own, kept for its thread (a sync view's request runs in a thread of its own;
     an async view's checks run on the event loop with nothing in between)."""
 
@@ -393,23 +394,37 @@ class TokenRateThrottle(BaseThrottle):
         return math.ceil(self.wait() or 1)
 
 
-class _Window(SimpleRateThrottle):
-    """One request's check against the rate of its token or user."""
+class _Window:
+    """One request's check against the rate of its token or user: a fixed window of the rate's
+    period, counted in the cache with ``add`` then ``incr`` (Redis's INCR when it is shared):
+    two requests of one token at once, in any processes, each count. (ninja's own throttle
+    reads its history, appends and writes it back: concurrent requests overwrote each other's
+    and a burst went past the rate.) A window allows up to twice the rate across its edge."""
 
-    def get_cache_key(self, request: HttpRequest) -> str | None:
+    def __init__(self, rate: str) -> None:
+        count, period = SimpleRateThrottle.parse_rate(cast(Any, SimpleRateThrottle), rate)  # its periods
+        self.num_requests, self.duration = count or 1, period or 1
+        self.retry: float | None = None
+
+    def allow_request(self, request: HttpRequest) -> bool:
         auth = getattr(request, "auth", None)
         if isinstance(auth, ApiToken):
             ident = f"token-{auth.pk}"
         elif (user := getattr(request, "user", None)) is not None and user.is_authenticated:
             ident = f"user-{user.pk}"
         else:
-            return None  # refused without a token or a user anyway
-        return self.cache_format % {"scope": "grundlag", "ident": ident}
+            return True  # refused without a token or a user anyway
+        now = time.time()
+        start = int(now // self.duration) * self.duration
+        key = f"grundlag:rate:{ident}:{start}"
+        cache.add(key, 0, timeout=self.duration + 1)
+        try:
+            count = cache.incr(key)
+        except ValueError:  # the window's key expired between the two: a new window
+            cache.set(key, 1, timeout=self.duration + 1)
+            count = 1
+        self.retry = None if count <= self.num_requests else max(start + self.duration - now, 0.0)
+        return self.retry is None
 
     def wait(self) -> float | None:
-        # ninja's estimate, or (a history longer than the rate, which was lowered) when enough of
-        # it has left the window for one more request.
-        estimate = super().wait()
-        if estimate is None and self.history and self.num_requests and self.duration:
-            return max(float(self.duration - (self.now - self.history[self.num_requests - 1])), 0.0)
-        return estimate
+        return self.retry
