@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from actions import engine
 from actions.conditions import (
     CONDITION_BUDGET,
+    Condition,
     ConditionError,
     ConditionInput,
     ConditionTooCostly,
@@ -208,23 +209,32 @@ class TestThroughTheEngine:
         assert "holds for <strong>1</strong>" in page and "fails to evaluate on <strong>1</strong>" in page
         assert "not evaluated" in page
 
-    def test_the_pauses_of_one_step_share_one_budget(self, team: Team) -> None:
+    def test_the_pauses_of_one_step_share_one_budget_and_are_judged_before_its_transaction(
+        self, team: Team, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """An agent's turn may pause on many tool calls at once: their conditions together, not
-        each, are held to the budget."""
-        from actions.core import ApprovalPolicy
+        each, are held to the budget; and they are evaluated before the step is recorded, with
+        no transaction open (under SQLite's, every other write waits)."""
+        from django.db import connection
+
+        from actions.drivers.base import Pause, StepResult
+        from actions.engine import steps
         from actions.models import Run
 
-        TeamRule.objects.create(
-            team=team, name="scan", when="data.items.exists(a, a in data.items)", then="approve"
-        )
+        when = "data.items.exists(a, a in data.items)"
+        TeamRule.objects.create(team=team, name="scan", when=when, then="approve")
         run = Run.objects.create(team=team, action="conditions_batch", input={"items": []})
-        teams = rules.team_set(team.pk)
-        data = {"items": list(range(1000))}
-        first = rules.route(run, "conditions_batch", data, None, {}, ApprovalPolicy(), teams)
-        assert first.decision is not None and first.given is not None
-        second = rules.route(
-            run, "conditions_batch", data, None, {}, ApprovalPolicy(), teams, first.given.spent
-        )
-        assert second.decision is None and "not evaluated" in second.note["rule_failed"]["error"]
-        alone = rules.route(run, "conditions_batch", data, None, {}, ApprovalPolicy(), teams)
-        assert alone.decision is not None
+        pause = Pause("Pay?", {"items": list(range(1000))}, None)
+        seen: list[bool] = []
+        original = Condition.evaluate
+
+        def evaluate(condition: Any, given: ConditionInput, budget: int = CONDITION_BUDGET) -> Any:
+            seen.append(connection.in_atomic_block)
+            return original(condition, given, budget)
+
+        monkeypatch.setattr(Condition, "evaluate", evaluate)
+        first, second = steps._judged(run, StepResult(Run.Status.INTERRUPTED, pauses=[pause, pause]))
+        assert self.start(team, [1, 2]).status == "approved"  # through the engine, as a worker records
+        assert first.said.verdict.rule is not None and first.said.verdict.rule.name == "scan"
+        assert second.said.verdict.failed == "scan" and "not evaluated" in second.said.verdict.error
+        assert seen == [False, False, False]

@@ -1,7 +1,9 @@
 """Rules, standing grants and delegation: what happens to an interrupt when it is created,
 before anyone sees it.
 
-In the transaction that records the pause (actions.engine.steps.record):
+In the transaction that records the pause (actions.engine.steps.record), from what their
+conditions said when evaluated just before it (``judge``: none runs under the transaction's
+write lock, and each is bounded before it runs, actions.conditions):
 
 1. The team's rules (admin: Rules), by position, then the action's own
    (``ApprovalPolicy(rules=...)``): the first whose condition holds decides (approve, reject),
@@ -292,6 +294,56 @@ class Routed:
     held: dict[int, bool] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Judged:
+    """What the conditions say of one pause: the rules' verdict, and which of the team's
+    conditional grants hold (and which failed, and why). Worked out before the transaction that
+    records the pause (``judge``), so that no condition runs under its write lock; ``version``
+    is the team's rules version it was worked out for."""
+
+    version: int
+    given: ConditionInput | None = None
+    verdict: Verdict = Verdict()
+    held: dict[int, bool] = field(default_factory=dict)
+    grant_failed: tuple[dict[str, Any], ...] = ()
+
+
+def judge(
+    run: Run,
+    action_name: str,
+    data: Any,
+    arguments: Any,
+    policy: ApprovalPolicy,
+    teams: TeamSet,
+    spent: int = 0,
+) -> Judged:
+    """Evaluate the conditions that could decide a new pause: the team's and the action's
+    rules, then the conditions of the grants that could cover it (same action, same requester
+    or run). ``spent``: the steps the conditions of the step's earlier pauses took (one budget
+    for a whole step). Reads, writes nothing."""
+    rules = [*teams.rules, *declared_rules(policy, action_name)]
+    if not rules and not teams.grants:
+        return Judged(teams.version)
+    given = context(data, call_input(run, arguments), action_name, teams.slug, requester_name(run))
+    given.spent = spent
+    verdict = evaluate(rules, given, action_name)
+    if verdict.failed:
+        return Judged(teams.version, given, verdict)
+    now, who = timezone.now(), requester_key(run)
+    held, failed = {}, []
+    for grant, condition in teams.grants:
+        if condition is None or grant.arguments_sha256 or grant.action != action_name:
+            continue
+        if not grant.is_live(now) or not _scoped(grant, run, who):
+            continue
+        try:
+            held[grant.pk] = holds(condition, given)
+        except Exception as exc:  # noqa: BLE001 - a condition that fails does not cover it
+            held[grant.pk] = False
+            failed.append({"grant": grant.pk, "error": failure(exc)})
+    return Judged(teams.version, given, verdict, held, tuple(failed))
+
+
 def route(
     run: Run,
     action_name: str,
@@ -300,51 +352,27 @@ def route(
     fields: dict[str, Any],
     policy: ApprovalPolicy,
     teams: TeamSet,
-    spent: int = 0,
+    judged: Judged | None = None,
 ) -> Routed:
     """Apply the rules and delegations to a new interrupt's ``fields`` (policies.policy_fields),
-    and say what decides it, if anything does. Grants are looked at once it is inserted
-    (``grant_for``), where the granter's right to decide it can be checked. ``spent``: the
-    steps the conditions of the step's earlier pauses took (one budget for a whole step)."""
-    routed = Routed(dict(fields), teams=teams)
-    rules = [*teams.rules, *declared_rules(policy, action_name)]
-    if rules or teams.grants:
-        given = context(data, call_input(run, arguments), action_name, teams.slug, requester_name(run))
-        given.spent = spent
-        routed.given = given
-        verdict = evaluate(rules, given, action_name)
-        if verdict.failed:
-            logger.warning(
-                "run %s: rule %r failed, left to people: %s", run.pk, verdict.failed, verdict.error
-            )
-            routed.note["rule_failed"] = {"rule": verdict.failed, "error": verdict.error}
-        elif verdict.rule is not None:
-            _apply(run, routed, verdict.rule, action_name, policy)
-        if routed.decision is None and "rule_failed" not in routed.note:
-            _grant_conditions(run, routed, given, action_name)
+    and say what decides it, if anything does, from what ``judge`` said of its conditions (again
+    here only when the team's rules changed since). Grants are looked at once it is inserted
+    (``grant_for``), where the granter's right to decide it can be checked."""
+    if judged is None or judged.version != teams.version:
+        judged = judge(run, action_name, data, arguments, policy, teams)
+    routed = Routed(dict(fields), teams=teams, given=judged.given)
+    verdict = judged.verdict
+    if verdict.failed:
+        logger.warning("run %s: rule %r failed, left to people: %s", run.pk, verdict.failed, verdict.error)
+        routed.note["rule_failed"] = {"rule": verdict.failed, "error": verdict.error}
+    elif verdict.rule is not None:
+        _apply(run, routed, verdict.rule, action_name, policy)
+    if routed.decision is None and "rule_failed" not in routed.note:
+        routed.held = judged.held
+        if judged.grant_failed:
+            routed.note["grant_failed"] = list(judged.grant_failed)
     routed.fields["assignees"] = _delegated(run, routed, policy)
     return routed
-
-
-def _grant_conditions(run: Run, routed: Routed, given: ConditionInput, action_name: str) -> None:
-    """Evaluate the conditions of the grants that could cover the new interrupt (same action,
-    same requester or run); one that fails, or is over the budget, covers nothing, and the
-    event says so."""
-    assert routed.teams is not None
-    now, who = timezone.now(), requester_key(run)
-    failed = []
-    for grant, condition in routed.teams.grants:
-        if condition is None or grant.arguments_sha256 or grant.action != action_name:
-            continue
-        if not grant.is_live(now) or not _scoped(grant, run, who):
-            continue
-        try:
-            routed.held[grant.pk] = holds(condition, given)
-        except Exception as exc:  # noqa: BLE001 - a condition that fails does not cover it
-            routed.held[grant.pk] = False
-            failed.append({"grant": grant.pk, "error": failure(exc)})
-    if failed:
-        routed.note["grant_failed"] = failed
 
 
 def _scoped(grant: Grant, run: Run, who: str) -> bool:

@@ -24,9 +24,9 @@ from django.db import close_old_connections, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
-from actions.core import field_errors, registry
+from actions.core import ApprovalPolicy, field_errors, registry
 from actions.drivers import driver_for, runs_an_action
-from actions.drivers.base import NO_ANSWERS, Answer, Answers, StepResult, call_binding
+from actions.drivers.base import NO_ANSWERS, Answer, Answers, Pause, StepResult, call_binding
 from actions.engine import rules, store
 from actions.engine.errors import (
     DRIVER_STATE_LIMIT_FACTOR,
@@ -426,11 +426,44 @@ def _checked(run: Run, result: StepResult) -> StepResult:
 def record(run: Run, result: StepResult) -> None:
     """Record how a step ended, with the driver's new state and the interrupts it paused on."""
     result = _checked(run, result)  # once, outside the retries: an internal error is reported once
-    _record(run, result, store.KEEP if result.driver_state is None else result.driver_state)
+    pauses = _judged(run, result)  # before the transaction: no condition runs under its lock
+    _record(run, result, store.KEEP if result.driver_state is None else result.driver_state, pauses)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Judged:
+    """A pause, the policy it is decided under, its team's rules and grants (as read before the
+    transaction, as they would be read in it: neither is locked), and what their conditions say."""
+
+    pause: Pause
+    action: str
+    policy: ApprovalPolicy
+    teams: rules.TeamSet
+    said: rules.Judged
+
+
+def _judged(run: Run, result: StepResult) -> list[_Judged]:
+    """Each of the step's pauses, with what the rules' and grants' conditions say of it,
+    evaluated with one budget for the step."""
+    judged: list[_Judged] = []
+    if result.status != Status.INTERRUPTED:
+        return judged
+    spent = 0
+    for pause in result.pauses:
+        action_name = pause.action or run.action
+        override, version, slug = store.team_policy(run.team_id, action_name)
+        policy = as_requested(with_override(action_name, override), pause.policy)
+        teams = rules.team_set(run.team_id, (version, slug))
+        said = rules.judge(run, action_name, pause.data, pause.arguments, policy, teams, spent)
+        spent = said.given.spent if said.given is not None else spent
+        judged.append(_Judged(pause, action_name, policy, teams, said))
+    return judged
 
 
 @retry_on_conflict
-def _record(run: Run, result: StepResult, driver_state: dict[str, Any] | store.Keep) -> None:
+def _record(
+    run: Run, result: StepResult, driver_state: dict[str, Any] | store.Keep, pauses: list[_Judged]
+) -> None:
     now = timezone.now()
     with atomic():
         finished = result.status in Run.FINISHED
@@ -446,22 +479,18 @@ def _record(run: Run, result: StepResult, driver_state: dict[str, Any] | store.K
         if not recorded:
             logger.warning("run %s attempt %s lost its lease; result dropped", run.pk, run.attempt)
             return
-        created, spent = [], 0  # spent: what the step's conditions took of their one budget
+        created = []
         if result.status == Status.INTERRUPTED:
-            for pause in result.pauses:
-                action_name = pause.action or run.action
-                override, version, slug = store.team_policy(run.team_id, action_name)
-                policy = as_requested(with_override(action_name, override), pause.policy)
+            for each in pauses:
+                pause, action_name, policy = each.pause, each.action, each.policy
                 # The team's rules, the action's, and delegations: before anyone sees it.
                 # The pause's own answer schema goes with its fields: a rule's answer must fit it.
                 fields = policy_fields(run.team_id, action_name, now, policy) | {
                     "answer_schema": pause.answer_schema
                 }
                 routed = rules.route(
-                    run, action_name, pause.data, pause.arguments, fields, policy,
-                    rules.team_set(run.team_id, (version, slug)), spent,
-                )  # fmt: skip
-                spent = routed.given.spent if routed.given is not None else spent
+                    run, action_name, pause.data, pause.arguments, fields, policy, each.teams, each.said
+                )
                 interrupt = Interrupt(
                     run_id=run.pk,
                     action=action_name,
