@@ -24,9 +24,8 @@ from typing import Any, TypedDict
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cpu_seconds, percentile, served_site  # noqa: E402
+from bench.common import cpu_seconds, database_for, percentile, served_site  # noqa: E402
 from tests.integration.processes import Server  # noqa: E402
-from tests.integration.services import Postgres  # noqa: E402
 
 
 def line(name: str, what: str, samples: list[float]) -> str:
@@ -55,23 +54,14 @@ def api_cycles(server: Server, token: str, cycles: int) -> tuple[list[float], li
 
 
 def grundlag(name: str, cycles: int) -> list[str]:
-    with tempfile.TemporaryDirectory(prefix="grundlag-bench-") as tmp:
-        postgres = Postgres() if name == "scaled" else None
-        try:
-            if postgres is not None:
-                postgres.init()
-                postgres.start()
-                database_url = postgres.create_database("api_latency")
-            else:
-                database_url = f"sqlite:///{tmp}/api.sqlite3"
-            with served_site(Path(tmp), database_url, scaled=postgres is not None) as (site, server, token):
-                pids = [process.pid for process in site.processes]
-                cpu_before = cpu_seconds(pids)
-                started, resumed = api_cycles(server, token, cycles)
-                cpu_ms = (cpu_seconds(pids) - cpu_before) / (cycles + 3) * 1000
-        finally:
-            if postgres is not None:
-                postgres.cleanup()
+    with (
+        database_for(name, "api_latency") as (tmp, database_url),
+        served_site(tmp, database_url, scaled=name == "scaled") as (site, server, token),
+    ):
+        pids = [process.pid for process in site.processes]
+        cpu_before = cpu_seconds(pids)
+        started, resumed = api_cycles(server, token, cycles)
+        cpu_ms = (cpu_seconds(pids) - cpu_before) / (cycles + 3) * 1000
     return [
         line(name, "start -> interrupted", started),
         line(name, "resume -> completed", resumed),

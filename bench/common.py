@@ -63,6 +63,28 @@ def percentile(values: list[float], q: float) -> float:
 
 
 @contextmanager
+def database_for(setup: str, name: str) -> Iterator[tuple[Path, str]]:
+    """A scratch folder and a database URL for ``setup``: SQLite in the folder ("embedded"), or a
+    PostgreSQL server of the benchmark's own ("scaled"); both removed afterwards."""
+    import tempfile
+
+    from tests.integration.services import Postgres
+
+    with tempfile.TemporaryDirectory(prefix="grundlag-bench-") as tmp:
+        postgres = Postgres() if setup == "scaled" else None
+        try:
+            if postgres is not None:
+                postgres.init()
+                postgres.start()
+                yield Path(tmp), postgres.create_database(name)
+            else:
+                yield Path(tmp), f"sqlite:///{tmp}/{name}.sqlite3"
+        finally:
+            if postgres is not None:
+                postgres.cleanup()
+
+
+@contextmanager
 def served_site(
     log_dir: Path, database_url: str, *, scaled: bool, workers: int = 1, **env: str
 ) -> Iterator[tuple[Any, Any, str]]:

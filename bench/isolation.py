@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,8 +27,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import percentile, served_site  # noqa: E402
-from tests.integration.services import Postgres  # noqa: E402
+from bench.common import database_for, percentile, served_site  # noqa: E402
 
 TEN = "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]"
 BURN = "while True:\n    pass\n"
@@ -142,34 +140,20 @@ def line(name: str, what: str, samples: list[float]) -> str:
 
 
 def one(name: str, seconds: float, levels: int, env: dict[str, str]) -> list[str]:
-    with tempfile.TemporaryDirectory(prefix="grundlag-bench-") as tmp:
-        postgres = Postgres() if name == "scaled" else None
-        try:
-            if postgres is not None:
-                postgres.init()
-                postgres.start()
-                database_url = postgres.create_database("isolation")
-            else:
-                database_url = f"sqlite:///{tmp}/isolation.sqlite3"
-            # With the default limits, as a user runs it, unless --rate says otherwise.
-            with served_site(Path(tmp), database_url, scaled=postgres is not None, **env) as (
-                site,
-                server,
-                token,
-            ):
-                payroll = (
-                    site.manage("create_api_token", "payroll", "--name", "bench").strip().splitlines()[-1]
-                )
-                plant_rules(site, levels)
-                quiet, quiet_health, _ = measure(server.url, payroll, 5)
-                stop, said = threading.Event(), {}
-                flood(server.url, token, stop, said)
-                time.sleep(2)  # the flood under way
-                steps, health, unfinished = measure(server.url, payroll, seconds)
-                stop.set()
-        finally:
-            if postgres is not None:
-                postgres.cleanup()
+    # With the default limits, as a user runs it, unless --rate says otherwise.
+    with (
+        database_for(name, "isolation") as (tmp, database_url),
+        served_site(tmp, database_url, scaled=name == "scaled", **env) as (site, server, token),
+    ):
+        made = site.manage("create_api_token", "payroll", "--name", "bench")
+        payroll = made.strip().splitlines()[-1]
+        plant_rules(site, levels)
+        quiet, quiet_health, _ = measure(server.url, payroll, 5)
+        stop, said = threading.Event(), {}
+        flood(server.url, token, stop, said)
+        time.sleep(2)  # the flood under way
+        steps, health, unfinished = measure(server.url, payroll, seconds)
+        stop.set()
     return [
         line(name, "quiet: start -> paused", quiet),
         line(name, "flood: start -> paused", steps),
