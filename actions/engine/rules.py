@@ -226,7 +226,7 @@ def compile(text: str) -> Condition:  # noqa: A001 - the engine's one way to com
 
 def holds(condition: Condition, given: ConditionInput) -> bool:
     """Whether ``condition`` is true over ``given``, within the site's budget (shared by every
-    condition evaluated for one interrupt). Raises what a failed condition raises: a
+    condition evaluated for one step's pauses). Raises what a failed condition raises: a
     ConditionTooCostly one is not evaluated at all."""
     result = condition.evaluate(given, settings.GRUNDLAG_CONDITION_BUDGET)
     if result is not True and result is not False:

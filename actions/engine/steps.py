@@ -311,8 +311,9 @@ def _waiting_key(team_id: int) -> str:
 
 
 def _waiting(run_id: int) -> None:
-    """Say (in the cache every worker shares) that a run of this team waits for its turn."""
-    team_id = Run.objects.filter(pk=run_id).values_list("team_id", flat=True).first()
+    """If the run the claim refused is still queued, it waits for its turn: say so (in the cache
+    every worker shares) for its team."""
+    team_id = Run.objects.filter(pk=run_id, status=Status.QUEUED).values_list("team_id", flat=True).first()
     if team_id is not None:
         cache.set(_waiting_key(team_id), True, timeout=settings.GRUNDLAG_QUEUED_GRACE_SECONDS * 6)
         logger.info("run %s waits its turn: its team has its share of the workers", run_id)
@@ -341,7 +342,7 @@ def execute_step(run_id: int, queued_at: float | None = None) -> None:
         if run is None:
             # Another delivery of the message, or another worker, has it; or its team has its
             # share of the workers: it waits its turn, queued.
-            if limits != NO_LIMITS and Run.objects.filter(pk=run_id, status=Status.QUEUED).exists():
+            if limits != NO_LIMITS:
                 _waiting(run_id)
             return
         log(run, RunEvent.Kind.CLAIMED, None, attempt=run.attempt)
