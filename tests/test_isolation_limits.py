@@ -82,7 +82,7 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 10) -
 
 def held(token_id: int) -> int:
     """The token's requests held waiting in this process now."""
-    return waiting._places.get(token_id, 0)
+    return waiting.waits.held.get(token_id, 0)
 
 
 def id_of(token_key: str) -> int:

@@ -14,6 +14,8 @@ from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 
+from actions.web.waiting import Places
+
 logger = logging.getLogger(__name__)
 
 UNAVAILABLE = "The database is unavailable right now. Nothing was changed; please try again in a moment."
@@ -143,7 +145,7 @@ class TokenConcurrency:
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self.under_way: dict[bytes, int] = {}
+        self.under_way = Places()  # by the token's hash
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         most = settings.GRUNDLAG_MAX_REQUESTS_PER_TOKEN
@@ -156,28 +158,20 @@ class TokenConcurrency:
             await self.app(scope, receive, send)
             return
         key = hashlib.sha256(sent.strip()).digest()  # as the token's check reads it
-        if self.under_way.get(key, 0) >= most:
-            body = json.dumps(
-                {"detail": f"this token has {most} requests under way already; retry when one has ended"}
-            ).encode()
-            headers = [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"retry-after", b"1"),
-            ]
-            await send({"type": "http.response.start", "status": 429, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
-            return
-        # One event loop per process: the count needs no lock.
-        self.under_way[key] = self.under_way.get(key, 0) + 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            left = self.under_way[key] - 1
-            if left:
-                self.under_way[key] = left
-            else:
-                del self.under_way[key]
+        with self.under_way.take(key, most) as placed:
+            if placed:
+                await self.app(scope, receive, send)
+                return
+        body = json.dumps(
+            {"detail": f"this token has {most} requests under way already; retry when one has ended"}
+        ).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"retry-after", b"1"),
+        ]
+        await send({"type": "http.response.start", "status": 429, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
 
 def _replay(messages: list[dict[str, Any]], receive: Any) -> Any:

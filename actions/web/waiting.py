@@ -330,36 +330,49 @@ def _parsed(payload: str) -> tuple[int, str | None]:
 # What one token may take of a process
 
 
-# Each token's requests held waiting in this process now (none: not in the dict).
-_places: dict[int, int] = {}
-_places_lock = threading.Lock()
+class Places:
+    """At most so many at once per key in this process: ``take`` gives a place (True) or says
+    there is none left (False), and gives it back however its block ends (answered, failed, or
+    cancelled as the client left). A process that stops takes its counts with it."""
+
+    def __init__(self) -> None:
+        self.held: dict[Any, int] = {}  # a key with none held is not in it
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def take(self, key: Any, most: int) -> Iterator[bool]:
+        with self._lock:
+            held = self.held.get(key, 0)
+            placed = held < most
+            if placed:
+                self.held[key] = held + 1
+        try:
+            yield placed
+        finally:
+            if placed:
+                with self._lock:
+                    if self.held[key] > 1:
+                        self.held[key] -= 1
+                    else:
+                        del self.held[key]
+
+
+# Each token's requests held waiting in this process now.
+waits = Places()
 
 
 @contextlib.contextmanager
 def place_to_wait(token_id: int | None) -> Iterator[bool]:
     """Whether a request of the token may be held waiting (its place taken until the block
-    ends, however it ends: the request answered, failed, or cancelled as its client left); False
-    while settings.GRUNDLAG_MAX_WAITS_PER_TOKEN of the token's requests are held here already,
-    and such a request is answered at once with what there is. Counted in this process: what
-    a waiting request holds (its thread's turns, its reads) is this process's, and a process that
-    stops takes its count with it. (None: a caller of no token, in-process, is not counted.)"""
+    ends); False while settings.GRUNDLAG_MAX_WAITS_PER_TOKEN of the token's requests are held
+    here already, and such a request is answered at once with what there is. Counted in this
+    process: what a waiting request holds (its thread's turns, its reads) is this process's.
+    (None: a caller of no token, in-process, is not counted.)"""
     if token_id is None:
         yield True
         return
-    with _places_lock:
-        held = _places.get(token_id, 0)
-        placed = held < settings.GRUNDLAG_MAX_WAITS_PER_TOKEN
-        if placed:
-            _places[token_id] = held + 1
-    try:
+    with waits.take(token_id, settings.GRUNDLAG_MAX_WAITS_PER_TOKEN) as placed:
         yield placed
-    finally:
-        if placed:
-            with _places_lock:
-                if _places[token_id] > 1:
-                    _places[token_id] -= 1
-                else:
-                    del _places[token_id]
 
 
 class TokenRateThrottle(BaseThrottle):
