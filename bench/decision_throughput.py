@@ -28,8 +28,8 @@ MAKE_PENDING = """
 import json
 from actions import engine
 from actions.models import Team
-from grundlag_site.celery import app
-app.conf.task_always_eager = True
+from grundlag_site.celery import run_tasks_where_sent
+run_tasks_where_sent()
 team = Team.objects.get(slug="demo")
 ids = [engine.start_run("bench_pause", {{"n": i}}, team, None).interrupts.get().pk for i in range({count})]
 print(json.dumps(ids))

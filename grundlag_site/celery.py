@@ -13,6 +13,15 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
+def run_tasks_where_sent(on: bool = True) -> bool:
+    """Celery runs each task in the process that sends it (tests, benchmarks), or not; what it
+    did before. Set by its prefixed name: with a namespace, Celery 5.6 ignores
+    ``conf.task_always_eager = ...`` (and reads the prefixed one under either name)."""
+    before = bool(app.conf.task_always_eager)
+    app.conf.CELERY_TASK_ALWAYS_EAGER = on
+    return before
+
+
 @worker_init.connect
 def serve_metrics(**kwargs: object) -> None:
     from actions.metrics import serve_worker_metrics

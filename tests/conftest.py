@@ -22,7 +22,7 @@ from django.contrib.auth.models import User
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from actions.models import ApiToken, Team
-from grundlag_site.celery import app as celery_app
+from grundlag_site.celery import run_tasks_where_sent
 from tests import recorded
 from tests.webhook_receiver import Receiver
 
@@ -31,7 +31,7 @@ from tests.webhook_receiver import Receiver
 def _tasks_run_inline() -> None:
     """In this process, steps run inline where they are enqueued (after commit), so engine
     and API tests see a settled run. Tests under tests/integration run real worker processes."""
-    celery_app.conf.task_always_eager = True
+    run_tasks_where_sent()
 
 
 # The variants

@@ -18,7 +18,7 @@ from actions import engine
 from actions.engine import journal, steps
 from actions.models import Run, Team
 from actions.web import waiting
-from grundlag_site.celery import app as celery_app
+from grundlag_site.celery import run_tasks_where_sent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,7 +28,7 @@ def pool(settings: Any) -> Iterator[ThreadPoolExecutor]:
     """As `manage.py serve` without a broker: no Celery worker at all (a step sent to Celery
     would wait forever), a pool of step threads instead."""
     settings.GRUNDLAG_INLINE_STEPS = False
-    eager, celery_app.conf.task_always_eager = celery_app.conf.task_always_eager, False
+    eager = run_tasks_where_sent(False)
     executor = ThreadPoolExecutor(2, thread_name_prefix="grundlag-step")
     steps.run_steps_in(executor)
     try:
@@ -36,7 +36,7 @@ def pool(settings: Any) -> Iterator[ThreadPoolExecutor]:
     finally:
         steps.run_steps_in(None)
         executor.shutdown(wait=True)
-        celery_app.conf.task_always_eager = eager
+        run_tasks_where_sent(eager)
 
 
 class Recording(Executor):

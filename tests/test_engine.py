@@ -18,7 +18,7 @@ from actions.drivers.base import StepResult
 from actions.engine import rules
 from actions.engine import steps as engine_steps
 from actions.models import ApiToken, AuditChain, Interrupt, Run, RunEvent, Team
-from grundlag_site.celery import app as celery_app
+from grundlag_site.celery import run_tasks_where_sent
 
 # Every test runs with steps in workers and inline, on SQLite and on PostgreSQL (tests/conftest.py).
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps", "database")]
@@ -27,9 +27,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 @pytest.fixture
 def no_worker() -> Iterator[None]:
     """Celery as deployed: a step sent to a worker now would wait in the broker for one."""
-    celery_app.conf.task_always_eager = False
+    run_tasks_where_sent(False)
     yield
-    celery_app.conf.task_always_eager = True
+    run_tasks_where_sent()
 
 
 @pytest.fixture
