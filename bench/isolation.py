@@ -193,8 +193,10 @@ def main() -> None:
     parser.add_argument("--bomb-levels", type=int, default=7, help="8 froze an older version for ~70 s")
     parser.add_argument("--without", nargs="*", default=[], choices=["scripts", "long_polls", "bombs"])
     parser.add_argument("--rate", help="GRUNDLAG_API_RATE for the site (0: none; default: the site's)")
+    parser.add_argument("--env", nargs="*", default=[], help="NAME=VALUE settings for the site, to compare")
     args = parser.parse_args()
     env = {"GRUNDLAG_API_RATE": args.rate} if args.rate is not None else {}
+    env.update(item.split("=", 1) for item in args.env)
     WITHOUT.update(args.without)
     setups = ["embedded", "scaled"] if args.setup == "both" else [args.setup]
     print("Isolation: the payroll team's API while the demo team floods (bench/isolation.py)")

@@ -580,7 +580,7 @@ GRUNDLAG_API_RATE = envrate("GRUNDLAG_API_RATE", "600/min")
 # Requests of one token held waiting at once in a process (`Prefer: wait`, an MCP tool call
 # without a task, MCP's tasks/result): past it, a request is answered at once with what is
 # there now. Counted per web process: with several, a token holds up to this many in each.
-GRUNDLAG_MAX_WAITS_PER_TOKEN = envint("GRUNDLAG_MAX_WAITS_PER_TOKEN", "4", minimum=1)
+GRUNDLAG_MAX_WAITS_PER_TOKEN = envint("GRUNDLAG_MAX_WAITS_PER_TOKEN", "2", minimum=1)
 # MCP's tasks/result holds its answer this long at most for the task to end (keep-alives would
 # keep a client's read timeout from ever firing); then it answers that the task is still working.
 GRUNDLAG_MCP_RESULT_HOLD_SECONDS = envfloat("GRUNDLAG_MCP_RESULT_HOLD_SECONDS", "60", minimum=0)
@@ -600,4 +600,4 @@ GRUNDLAG_TEAM_SCRIPTS = envint("GRUNDLAG_TEAM_SCRIPTS", str(max(1, CELERY_WORKER
 # Requests of one API token under way at once in a web process (/api/, /mcp/), held waits
 # included; past it 429 with Retry-After: 1, before anything runs (actions.web.middleware).
 # 0: no limit.
-GRUNDLAG_MAX_REQUESTS_PER_TOKEN = envint("GRUNDLAG_MAX_REQUESTS_PER_TOKEN", "8")
+GRUNDLAG_MAX_REQUESTS_PER_TOKEN = envint("GRUNDLAG_MAX_REQUESTS_PER_TOKEN", "4")

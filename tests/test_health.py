@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
 from actions import engine, metrics
 from actions.models import Run, Team
+from actions.web import health
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps")]
 
@@ -18,7 +20,6 @@ TOKEN = "metrics-test-token-0123456789"
 
 @pytest.fixture(autouse=True)
 def fresh_readiness(monkeypatch: pytest.MonkeyPatch) -> None:
-    from actions.web import health
 
     monkeypatch.setattr(health, "_last_check", None)  # each test checks anew
 
@@ -44,9 +45,27 @@ def sample(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-def test_healthz_answers_while_the_process_is_up(client: Client) -> None:
-    response = client.get("/healthz")
-    assert response.status_code == 200 and response.content == b"ok\n"
+async def test_healthz_is_answered_before_anything_else_runs() -> None:
+    """The event loop answers it: the app behind (Django, the token and body caps) is not run,
+    so a busy process still answers its orchestrator. Every other path goes on to the app."""
+    reached: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        reached.append(scope["path"])
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    transport = httpx.ASGITransport(app=health.answering_liveness(app))
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+        up = await http.get("/healthz")
+        assert (up.status_code, up.content, up.headers["content-type"]) == (200, b"ok\n", "text/plain")
+        head = await http.head("/healthz")
+        assert (head.status_code, head.content) == (200, b"")
+        posted = await http.post("/healthz")
+        assert (posted.status_code, posted.headers["allow"]) == (405, "GET, HEAD")
+        assert (await http.get("/healthz/")).status_code == 204
+        assert (await http.get("/api/runs")).status_code == 204
+    assert reached == ["/healthz/", "/api/runs"]
 
 
 def test_readyz_says_what_answers(client: Client) -> None:

@@ -38,6 +38,9 @@ def test_a_run_pauses_and_is_answered_over_http_through_the_embedded_worker(site
             "invoice_id": "INV-7",
             "approved_by_answer": {"approved": True},
         }
+        # The served application answers its orchestrator's probe (at its edge, actions.web.health).
+        live = api.get("/healthz")
+        assert (live.status_code, live.text) == (200, "ok\n")
 
 
 def test_without_prefer_wait_a_queued_run_is_202_and_settles_later(site: Site) -> None:
