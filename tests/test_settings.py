@@ -136,3 +136,19 @@ def test_a_stack_that_does_not_end_with_axes_middleware_is_refused_by_a_check(se
     assert "grundlag.E001" in errors()
     settings.MIDDLEWARE = [*settings.MIDDLEWARE, "axes.middleware.AxesMiddleware"]
     assert "grundlag.E001" not in errors()  # Axes' own will do
+
+
+def test_a_thread_sending_a_task_shares_the_one_result_backend_stand_in() -> None:
+    """Every API request runs in a thread of its own and sends its run's step: a backend made
+    per thread scanned every installed package's entry points first (10 % of a web process's
+    time under bench/isolation.py)."""
+    import threading
+
+    from grundlag_site.celery import app
+
+    backend = app.backend
+    seen: list[object] = []
+    thread = threading.Thread(target=lambda: seen.append(app.backend))
+    thread.start()
+    thread.join()
+    assert seen == [backend]
