@@ -71,7 +71,11 @@ def flood(base: str, token: str, stop: threading.Event, said: dict[str, Any]) ->
 
     def long_polls() -> None:
         with httpx.Client(base_url=base, headers=headers, timeout=60) as client:
-            asked = client.post("/api/approvals", json={"message": "Hold?", "data": {"items": [1]}})
+            # As a client does, it waits out a 429 (the token's other floods are under way).
+            while (
+                asked := client.post("/api/approvals", json={"message": "Hold?", "data": {}})
+            ).status_code == 429:
+                time.sleep(float(asked.headers.get("Retry-After", "1")))
             approval = asked.json()["id"]
 
         def poll() -> None:

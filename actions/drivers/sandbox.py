@@ -46,6 +46,7 @@ from actions.core import (
     registry,
 )
 from actions.drivers.base import Answers, Driver, Pause, StepResult, call_binding
+from actions.drivers.sandbox_child import NICENESS
 from actions.models import Run
 
 logger = logging.getLogger(__name__)
@@ -200,6 +201,9 @@ class _Child:
             argv = [*bwrap_command(_interpreter()), "-I", CHILD_IN_SANDBOX, SITE, *flags]
         else:
             argv = [sys.executable, "-I", str(CHILD), str(Path(_restricted_python_dir()).parent), *flags]
+        # At the script's niceness from its first instruction: its interpreter's start and its
+        # compile come after the server's work too (sandbox_child._limit keeps it there).
+        argv = ["nice", "-n", str(NICENESS), *argv]
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
