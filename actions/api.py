@@ -19,7 +19,7 @@ from django.urls import reverse
 from ninja import NinjaAPI, Query, Schema, Status
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from actions import engine
 from actions.core import UnknownAction, registry
@@ -235,7 +235,21 @@ class ResumeIn(In):
 
 
 class RejectIn(In):
-    error: str = Field(min_length=1, max_length=10_000)
+    """Why it is rejected: ``reason``, as every response and the README call it. ``error``, its
+    first name, is still read, for clients written before."""
+
+    reason: str | None = Field(None, min_length=1, max_length=10_000)
+    error: str | None = Field(None, min_length=1, max_length=10_000, json_schema_extra={"deprecated": True})
+
+    @model_validator(mode="after")
+    def _one_reason(self) -> RejectIn:
+        if (self.reason is None) == (self.error is None):
+            raise ValueError("give the reason for rejecting: reason (a non-empty string)")
+        return self
+
+    @property
+    def why(self) -> str:
+        return self.reason or self.error or ""
 
 
 class ChatMessage(Schema):
@@ -779,7 +793,7 @@ async def reject_interrupt(
 ) -> Status[dict[str, Any]]:
     """Reject a pending interrupt with a reason: an action's run ends `rejected`."""
     return await decided(
-        request, response, interrupt_id, lambda it, token: engine.reject(it, payload.error, token)
+        request, response, interrupt_id, lambda it, token: engine.reject(it, payload.why, token)
     )
 
 

@@ -265,6 +265,12 @@ class Rule:
     def __post_init__(self) -> None:
         if not self.name or not self.name.strip():
             raise ValueError("a rule needs a name")
+        if not isinstance(self.then, (Approve, Reject, RequireApprovals, AssignTo, RouteTo)):
+            # then="approve" was a rule that never applied, silently.
+            raise TypeError(
+                f"rule {self.name!r}: then must be Approve(), Reject(reason), RequireApprovals(n), "
+                f"AssignTo(users) or RouteTo(team), not {self.then!r}"
+            )
         try:
             program = compile_condition(self.when)
         except ConditionError as exc:

@@ -130,7 +130,7 @@ def test_a_requests_lookups_of_one_row_sort_nothing(api: Api) -> None:
 def test_the_run_has_its_transcript_in_order(api: Api, requester_approves: None) -> None:
     run = api.post("/runs", {"action": "transfer_funds", "input": {"amount": 2000, "to": "X"}}).json()
     second = api.post(f"/interrupts/{run['interrupt']['id']}/resume", {"data": {"approved": True}}).json()
-    api.post(f"/interrupts/{second['interrupt']['id']}/reject", {"error": "limit exceeded"})
+    api.post(f"/interrupts/{second['interrupt']['id']}/reject", {"reason": "limit exceeded"})
     detail = api.get(f"/runs/{run['id']}").json()
     assert detail["status"] == "rejected" and detail["error"] == "limit exceeded"
     assert [(t["seq"], t["status"], t["decided_by"]) for t in detail["transcript"]] == [
@@ -141,10 +141,30 @@ def test_the_run_has_its_transcript_in_order(api: Api, requester_approves: None)
     assert detail["transcript"][1]["reason"] == "limit exceeded"
 
 
+def test_a_rejection_says_why_as_reason_and_the_earlier_error_is_still_read(api: Api) -> None:
+    """The body field is ``reason``, as every response calls it (issue 36); ``error``, its first
+    name, still works; neither, both, or an empty one is a 422 naming it, and decides nothing."""
+
+    def pending() -> tuple[str, int]:
+        run = api.post("/runs", {"action": "send_invoice", "input": {"invoice_id": "R", "amount": 1}}).json()
+        return f"/interrupts/{run['interrupt']['id']}", run["id"]
+
+    url, run_id = pending()
+    for body in ({}, {"reason": "a", "error": "b"}, {"reason": ""}, {"why": "x"}):
+        refused = api.post(f"{url}/reject", body)
+        assert refused.status_code == 422, (body, refused.content)
+    assert "reason" in str(api.post(f"{url}/reject", {}).json()["detail"])
+    assert api.get(f"/runs/{run_id}").json()["status"] == "interrupted"
+    assert api.post(f"{url}/reject", {"reason": "over budget"}).json()["status"] == "rejected"
+    url, run_id = pending()
+    assert api.post(f"{url}/reject", {"error": "as before"}).json()["status"] == "rejected"
+    assert api.get(f"/runs/{run_id}").json()["transcript"][-1]["reason"] == "as before"
+
+
 def test_a_second_decision_is_409_naming_who_decided(api: Api) -> None:
     run = api.post("/runs", {"action": "send_invoice", "input": {"invoice_id": "A", "amount": 1}}).json()
     url = f"/interrupts/{run['interrupt']['id']}"
-    assert api.post(f"{url}/reject", {"error": "no"}).status_code == 200
+    assert api.post(f"{url}/reject", {"reason": "no"}).status_code == 200
     again = api.post(f"{url}/resume", {"data": {"approved": True}})
     assert again.status_code == 409
     assert again.json()["detail"].startswith("already rejected by API token ci at ")

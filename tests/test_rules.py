@@ -198,6 +198,14 @@ def test_a_rule_answer_must_fit_the_answer_model(team: Team) -> None:
     )
 
 
+def test_a_rule_whose_outcome_is_not_one_is_refused_where_it_is_declared() -> None:
+    """then="approve" (a string) was a rule that silently never applied (issue 36)."""
+    for then in ("approve", None, {"approve": True}, Approve):
+        with pytest.raises(TypeError, match=r"rule 'x': then must be Approve\(\), Reject\(reason\)"):
+            Rule(name="x", when="true", then=then)  # type: ignore[arg-type]
+    assert Rule(name="x", when="true", then=Approve()).then == Approve()
+
+
 def test_a_condition_that_is_not_cel_is_refused_naming_the_position() -> None:
     with pytest.raises(ConditionError, match=r"rule 'x': line 1, column 14: the condition ends too early"):
         Rule(name="x", when="data.amount <", then=Approve())

@@ -269,9 +269,20 @@ class Client:
         path = f"/api/interrupts/{interrupt_id}/resume"
         return Run.from_json(self._post(path, body, wait=wait, key=idempotency_key))
 
-    def reject(self, interrupt_id: int, error: str, *, wait: float = 0, idempotency_key: str = "") -> Run:
+    def reject(
+        self,
+        interrupt_id: int,
+        reason: str = "",
+        *,
+        wait: float = 0,
+        idempotency_key: str = "",
+        error: str = "",
+    ) -> Run:
+        """Reject the interrupt, saying why (``error=``: the parameter's earlier name)."""
+        if not (reason := reason or error):
+            raise ValueError("reject needs a reason")
         path = f"/api/interrupts/{interrupt_id}/reject"
-        return Run.from_json(self._post(path, {"error": error}, wait=wait, key=idempotency_key))
+        return Run.from_json(self._post(path, {"reason": reason}, wait=wait, key=idempotency_key))
 
     def cancel(self, run_id: int, *, idempotency_key: str = "") -> Run:
         return Run.from_json(self._post(f"/api/runs/{run_id}/cancel", {}, key=idempotency_key))
