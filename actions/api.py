@@ -236,14 +236,14 @@ class ResumeIn(In):
 
 class RejectIn(In):
     """Why it is rejected: ``reason``, as every response and the README call it. ``error``, its
-    first name, is still read, for clients written before."""
+    first name, is still read, for clients written before (``reason`` wins where both are sent)."""
 
     reason: str | None = Field(None, min_length=1, max_length=10_000)
     error: str | None = Field(None, min_length=1, max_length=10_000, json_schema_extra={"deprecated": True})
 
     @model_validator(mode="after")
-    def _one_reason(self) -> RejectIn:
-        if (self.reason is None) == (self.error is None):
+    def _a_reason(self) -> RejectIn:
+        if self.reason is None and self.error is None:
             raise ValueError("give the reason for rejecting: reason (a non-empty string)")
         return self
 

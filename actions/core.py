@@ -135,6 +135,8 @@ def _plainly_storable(value: Any, max_depth: int) -> bool:
         return False
     if "\\u0000" in text:  # NUL, as json writes it (or a backslash before "u0000": looked at)
         return False
+    if not isinstance(value, (dict, list, tuple)):
+        return True  # a scalar does not nest, whatever brackets its text holds
     if text.count("[") + text.count("{") <= max_depth:
         return True  # too few brackets, strings' included, to nest that deep
     containers: list[tuple[Any, int]] = [(value, 0)]

@@ -14,6 +14,7 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(form_class=LoginForm), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    path("healthz", health.healthz, name="healthz"),  # under ASGI, answered before Django
     path("readyz", health.readyz, name="readyz"),
     path("metrics", health.metrics, name="metrics"),
 ]

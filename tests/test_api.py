@@ -143,14 +143,15 @@ def test_the_run_has_its_transcript_in_order(api: Api, requester_approves: None)
 
 def test_a_rejection_says_why_as_reason_and_the_earlier_error_is_still_read(api: Api) -> None:
     """The body field is ``reason``, as every response calls it (issue 36); ``error``, its first
-    name, still works; neither, both, or an empty one is a 422 naming it, and decides nothing."""
+    name, still works (reason wins where both are sent); neither, or an empty one, is a 422 naming
+    it, and decides nothing."""
 
     def pending() -> tuple[str, int]:
         run = api.post("/runs", {"action": "send_invoice", "input": {"invoice_id": "R", "amount": 1}}).json()
         return f"/interrupts/{run['interrupt']['id']}", run["id"]
 
     url, run_id = pending()
-    for body in ({}, {"reason": "a", "error": "b"}, {"reason": ""}, {"why": "x"}):
+    for body in ({}, {"reason": ""}, {"error": ""}, {"why": "x"}):
         refused = api.post(f"{url}/reject", body)
         assert refused.status_code == 422, (body, refused.content)
     assert "reason" in str(api.post(f"{url}/reject", {}).json()["detail"])
@@ -159,6 +160,9 @@ def test_a_rejection_says_why_as_reason_and_the_earlier_error_is_still_read(api:
     url, run_id = pending()
     assert api.post(f"{url}/reject", {"error": "as before"}).json()["status"] == "rejected"
     assert api.get(f"/runs/{run_id}").json()["transcript"][-1]["reason"] == "as before"
+    url, run_id = pending()
+    assert api.post(f"{url}/reject", {"reason": "new", "error": "old"}).json()["status"] == "rejected"
+    assert api.get(f"/runs/{run_id}").json()["transcript"][-1]["reason"] == "new"
 
 
 def test_a_second_decision_is_409_naming_who_decided(api: Api) -> None:

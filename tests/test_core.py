@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from actions.core import (
+    MAX_NESTING,
     ActionContext,
     ActionError,
     ActionInterrupt,
@@ -191,7 +192,14 @@ _SCALARS = st.one_of(
 )
 _VALUES = st.recursive(
     _SCALARS,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.dictionaries(
+            st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=3), inner, max_size=4
+        )
+        | st.dictionaries(st.integers() | st.floats(), inner, max_size=2)
+    ),
     max_leaves=40,
 )
 
@@ -204,3 +212,12 @@ def test_the_quick_check_of_a_stored_value_agrees_with_the_walk_that_names_the_p
     """value_problem tells a value without problems apart in C, and walks only where there may be
     one: it finds exactly what the full walk finds, at the same place."""
     assert value_problem(value, depth) == _first_problem(value, depth)
+
+
+def test_a_plain_value_is_told_apart_without_the_walk_that_names_the_path() -> None:
+    """The quick check's point: a large plain value, or a string of brackets, is not walked."""
+    from actions.core import _plainly_storable
+
+    assert _plainly_storable({"items": [1.5] * 20_000, "note": "[" * 100_000}, MAX_NESTING)
+    assert _plainly_storable("[" * 100_000, MAX_NESTING)
+    assert not _plainly_storable({"a": float("nan")}, MAX_NESTING)

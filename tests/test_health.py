@@ -45,6 +45,11 @@ def sample(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
+def test_healthz_answers_where_the_edge_is_not_in_front(client: Client) -> None:
+    response = client.get("/healthz")
+    assert response.status_code == 200 and response.content == b"ok\n"
+
+
 async def test_healthz_is_answered_before_anything_else_runs() -> None:
     """The event loop answers it: the app behind (Django, the token and body caps) is not run,
     so a busy process still answers its orchestrator. Every other path goes on to the app."""

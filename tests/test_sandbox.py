@@ -228,8 +228,12 @@ def test_a_scripts_process_runs_after_the_servers_at_a_lower_priority(team: Team
             for proc in Path("/proc").iterdir():
                 try:
                     if proc.name.isdigit() and int(proc.name) != os.getpid():
-                        stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-                        if int(stat[1]) != os.getpid() and _descends(int(stat[1])):
+                        name, rest = (proc / "stat").read_text().rsplit(")", 1)
+                        stat = rest.split()
+                        # The script's: `nice`, bwrap, the child's interpreter (not the session's
+                        # PostgreSQL, also started by this process).
+                        ours = name.split("(", 1)[1].startswith(("nice", "bwrap", "python"))
+                        if ours and int(stat[1]) != os.getpid() and _descends(int(stat[1])):
                             seen.add(int(stat[16]))  # field 19 of stat: nice
                 except (OSError, ValueError):
                     continue

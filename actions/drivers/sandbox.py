@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,6 +53,7 @@ from actions.models import Run
 logger = logging.getLogger(__name__)
 
 CHILD = Path(__file__).with_name("sandbox_child.py")
+NICE = shutil.which("nice", path="/usr/bin:/bin")
 SCRIPT_ACTION = "script"
 
 
@@ -203,7 +205,8 @@ class _Child:
             argv = [sys.executable, "-I", str(CHILD), str(Path(_restricted_python_dir()).parent), *flags]
         # At the script's niceness from its first instruction: its interpreter's start and its
         # compile come after the server's work too (sandbox_child._limit keeps it there).
-        argv = ["nice", "-n", str(NICENESS), *argv]
+        if NICE is not None:  # without it, the child nices itself once it has started
+            argv = [NICE, "-n", str(NICENESS), *argv]
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
