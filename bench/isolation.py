@@ -200,7 +200,11 @@ def main() -> None:
     parser.add_argument("--env", nargs="*", default=[], help="NAME=VALUE settings for the site, to compare")
     args = parser.parse_args()
     env = {"GRUNDLAG_API_RATE": args.rate} if args.rate is not None else {}
-    env.update(item.split("=", 1) for item in args.env)
+    for item in args.env:
+        name, equals, value = item.partition("=")
+        if not equals:
+            parser.error(f"--env takes NAME=VALUE, got {item!r}")
+        env[name] = value
     WITHOUT.update(args.without)
     setups = ["embedded", "scaled"] if args.setup == "both" else [args.setup]
     print("Isolation: the payroll team's API while the demo team floods (bench/isolation.py)")
