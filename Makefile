@@ -20,14 +20,14 @@ venv: $(BIN)/.installed
 # marked Secure because this serves plain HTTP on 127.0.0.1; behind HTTPS they are (README).
 run: venv
 	$(BIN)/python manage.py migrate --noinput
-	$(BIN)/python manage.py seed_demo
-	SECURE_COOKIES=false exec $(BIN)/python manage.py serve --port $(PORT)
+	PORT=$(PORT) $(BIN)/python manage.py seed_demo
+	PORT=$(PORT) SECURE_COOKIES=false exec $(BIN)/python manage.py serve --port $(PORT)
 
 # The same with Django's debug pages, for development only.
 dev: venv
 	$(BIN)/python manage.py migrate --noinput
-	$(BIN)/python manage.py seed_demo
-	DEBUG=true exec $(BIN)/python manage.py serve --port $(PORT)
+	PORT=$(PORT) $(BIN)/python manage.py seed_demo
+	PORT=$(PORT) DEBUG=true exec $(BIN)/python manage.py serve --port $(PORT)
 
 test: venv lint
 	$(BIN)/pytest $(PYTEST_ARGS)

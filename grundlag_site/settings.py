@@ -345,9 +345,11 @@ CELERY_BEAT_SCHEDULE = {
     # Publishes the audit chain's head (and verifies it) when the last was a day ago.
     "audit-head": {"task": "actions.tasks.audit_daily", "schedule": 3600.0, "options": {"expires": 3600.0}},
 }
-# Notifications (actions.notify). The site's address, for the links in mails, Slack messages
-# and webhook bodies. A webhook endpoint must resolve to public addresses unless allowed.
-GRUNDLAG_BASE_URL = os.getenv("GRUNDLAG_BASE_URL", "http://127.0.0.1:8000")
+# Notifications (actions.notify). The site's address, for the links in mails, Slack messages,
+# webhook bodies and MCP results; by default this machine at the port `make run` serves on
+# (PORT), so that links follow `PORT=8170 make run`. A webhook endpoint must resolve to public
+# addresses unless allowed.
+GRUNDLAG_BASE_URL = os.getenv("GRUNDLAG_BASE_URL") or f"http://127.0.0.1:{envint('PORT', '8000', minimum=1)}"
 GRUNDLAG_WEBHOOK_ALLOW_PRIVATE = envbool("GRUNDLAG_WEBHOOK_ALLOW_PRIVATE", "false")
 GRUNDLAG_WEBHOOK_TIMEOUT_SECONDS = envfloat("GRUNDLAG_WEBHOOK_TIMEOUT_SECONDS", "5", minimum=0.1)
 GRUNDLAG_NOTIFY_MAX_ATTEMPTS = envint("GRUNDLAG_NOTIFY_MAX_ATTEMPTS", "12", minimum=1)

@@ -53,12 +53,16 @@ def test_the_defaults_run_on_one_machine() -> None:
     assert result.returncode == 0, result.stderr
 
 
-def settings_of(var_dir: Path, *names: str) -> list[str]:
+def settings_of(var_dir: Path, *names: str, **env: str) -> list[str]:
     code = "from django.conf import settings as s; " + "; ".join(f"print('=', s.{name})" for name in names)
-    clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DEBUG", "SECRET_KEY")}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "DEBUG", "SECRET_KEY", "PORT", "GRUNDLAG_BASE_URL")
+    }
     result = subprocess.run(
         [sys.executable, "manage.py", "shell", "-c", code],
-        cwd=ROOT, env={**clean, "GRUNDLAG_VAR_DIR": str(var_dir)}, capture_output=True, text=True,
+        cwd=ROOT, env={**clean, "GRUNDLAG_VAR_DIR": str(var_dir), **env}, capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return [line[2:] for line in result.stdout.splitlines() if line.startswith("= ")]
@@ -74,6 +78,16 @@ def test_by_default_debug_is_off_and_the_servers_files_are_its_own(tmp_path: Pat
     assert ((var / "secret_key").stat().st_mode & 0o777) == 0o600
     assert database == str(var / "grundlag.sqlite3")
     assert (Path(database).stat().st_mode & 0o777) == 0o600
+
+
+def test_links_follow_the_port_make_run_serves_on_unless_the_base_url_is_set(tmp_path: Path) -> None:
+    """Mails, webhooks and MCP results linked to port 8000 under `PORT=8170 make run` (issue 36)."""
+    var = tmp_path / "var"
+    assert settings_of(var, "GRUNDLAG_BASE_URL") == ["http://127.0.0.1:8000"]
+    assert settings_of(var, "GRUNDLAG_BASE_URL", PORT="8170") == ["http://127.0.0.1:8170"]
+    assert settings_of(
+        var, "GRUNDLAG_BASE_URL", PORT="8170", GRUNDLAG_BASE_URL="https://approvals.example.com"
+    ) == ["https://approvals.example.com"]
 
 
 def test_sqlite_connections_take_their_checkpoint_size_from_the_environment(tmp_path: Path) -> None:
