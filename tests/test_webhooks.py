@@ -4,12 +4,13 @@ with the `standardwebhooks` package, as a calling application would."""
 from __future__ import annotations
 
 import json
+import logging
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import Client
 from django.utils import timezone
 
@@ -185,6 +186,28 @@ def test_a_failed_delivery_is_retried_with_backoff_under_the_same_id(
     first, second = receiver.received
     assert first[0]["webhook-id"] == second[0]["webhook-id"] == notification.message_id
     assert len(receiver.verified(hook["secret"])) == 2
+
+
+def test_an_endpoint_deleted_while_a_delivery_to_it_is_under_way_takes_the_delivery_with_it(
+    client: Client, token_key: str, team: Team, reviewer: User, receiver: Receiver, caplog: Any
+) -> None:
+    """Deleting a webhook deletes its notifications; one being sent then recorded its attempt
+    against a row that was gone: IntegrityError (issue 36)."""
+    registered(client, token_key, receiver.url, ["interrupt.created"])
+
+    def delete_the_webhook() -> None:  # from the endpoint's thread, as a team admin would meanwhile
+        try:
+            assert Webhook.objects.all().delete()[0] >= 2  # the webhook and its notification
+        finally:
+            connection.close()
+
+    receiver.during = [delete_the_webhook]
+    engine.start_run("send_invoice", {"invoice_id": "W-9", "amount": 5.0}, team, reviewer)
+    notify.dispatch()
+    assert len(receiver.received) == 1 and not receiver.during
+    assert not Webhook.objects.exists() and not Notification.objects.exists()
+    assert not DeliveryAttempt.objects.exists()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 def test_an_endpoint_failing_for_a_day_is_disabled_saying_why_and_gets_nothing_more(

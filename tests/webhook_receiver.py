@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -19,6 +20,8 @@ class Receiver:
         self.codes: list[int] = []
         # Seconds to hold the next requests before answering (a slow endpoint).
         self.delays: list[float] = []
+        # What to do while the next requests are held, before answering (each once).
+        self.during: list[Callable[[], None]] = []
         self.arrived = threading.Event()
         self.times: list[float] = []  # when each request arrived (epoch seconds)
         receiver = self
@@ -31,6 +34,8 @@ class Receiver:
                 receiver.arrived.set()
                 if receiver.delays:
                     time.sleep(receiver.delays.pop(0))
+                if receiver.during:
+                    receiver.during.pop(0)()
                 code = receiver.codes.pop(0) if receiver.codes else 200
                 self.send_response(code)
                 self.send_header("content-length", "0")

@@ -105,6 +105,8 @@ def _record(
 ) -> None:
     now = timezone.now()
     with transaction.atomic():
+        if not _still_there(notification):
+            return
         DeliveryAttempt.objects.create(
             notification=notification,
             ok=ok,
@@ -141,9 +143,21 @@ def _record(
                 logger.warning("webhook %s disabled: %s", hook.pk, error)
 
 
+def _still_there(notification: Notification) -> bool:
+    """In the transaction that records an attempt: whether the notification is still there,
+    locked until it commits. Deleting a webhook deletes its notifications, one being sent
+    included: its attempt then goes with it (it was an IntegrityError)."""
+    if Notification.objects.select_for_update().filter(pk=notification.pk).exists():
+        return True
+    logger.info("notification %s went with its endpoint while it was being sent", notification.pk)
+    return False
+
+
 def skip(notification: Notification, why: str) -> None:
     """Not sent, and not to be: the attempt says why."""
     with transaction.atomic():
+        if not _still_there(notification):
+            return
         not_sent(why, notification=notification).save()
         Notification.objects.filter(pk=notification.pk, outcome=Outcome.PENDING).update(
             outcome=Outcome.SKIPPED
