@@ -188,6 +188,33 @@ def test_a_failed_delivery_is_retried_with_backoff_under_the_same_id(
     assert len(receiver.verified(hook["secret"])) == 2
 
 
+def test_a_rejected_run_is_told_as_finished_and_a_cancel_tells_each_approval_it_ends(
+    client: Client, token_key: str, team: Team, reviewer: User, receiver: Receiver
+) -> None:
+    """A service waiting on the webhook for its approval never heard a rejection; cancelling
+    told no one of the approvals it ended (issue 36)."""
+    hook = registered(client, token_key, receiver.url, ["interrupt.decided", "run.finished"])
+
+    def told() -> list[tuple[str, int, str]]:
+        notify.dispatch()
+        bodies = receiver.verified(hook["secret"])
+        receiver.received.clear()
+        return sorted((b["type"], b["data"]["id"], b["data"]["status"]) for b in bodies)
+
+    rejected = engine.start_run("send_invoice", {"invoice_id": "W-R", "amount": 5.0}, team, reviewer)
+    (asked,) = engine.pending_interrupts(rejected.pk)
+    engine.reject(asked, "not this month", reviewer)
+    assert told() == [("interrupt.decided", asked.pk, "rejected"), ("run.finished", rejected.pk, "rejected")]
+
+    cancelled = engine.start_run("send_invoice", {"invoice_id": "W-C", "amount": 5.0}, team, reviewer)
+    (ended,) = engine.pending_interrupts(cancelled.pk)
+    engine.cancel(cancelled, reviewer)
+    assert told() == [
+        ("interrupt.decided", ended.pk, "cancelled"),
+        ("run.finished", cancelled.pk, "cancelled"),
+    ]
+
+
 def test_an_endpoint_deleted_while_a_delivery_to_it_is_under_way_takes_the_delivery_with_it(
     client: Client, token_key: str, team: Team, reviewer: User, receiver: Receiver, caplog: Any
 ) -> None:

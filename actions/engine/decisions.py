@@ -332,10 +332,20 @@ def end_or_go_on(run: Run, decided: Interrupt) -> None:
     finish_with_pending_cancelled(run, Status.REJECTED, error=decided.reason)
 
 
+# How a run ended here is logged: the event subscribers hear as run.finished.
+_ENDED: dict[str, str] = {
+    Status.REJECTED: RunEvent.Kind.REJECTED,
+    Status.FAILED: RunEvent.Kind.FAILED,
+    Status.CANCELLED: RunEvent.Kind.CANCELLED,
+}
+
+
 def finish_with_pending_cancelled(run: Run, status: str, *, error: str = "", by: Actor = None) -> None:
     """End the run; its interrupts still pending are cancelled, and every inbox that shows one
     (its team's, and a team's it escalated to) is told, as are the pages and the requests
-    waiting on the run."""
+    waiting on the run. Each interrupt cancelled, and the run's end, are logged: subscribers
+    hear interrupt.decided for each and run.finished for the run (a service waiting on its
+    approval's webhook heard nothing of a rejection)."""
     now = timezone.now()
     pending = list(Interrupt.objects.filter(run_id=run.pk, status=Interrupt.Status.PENDING))
     Interrupt.objects.filter(pk__in=[it.pk for it in pending], status=Interrupt.Status.PENDING).update(
@@ -347,9 +357,14 @@ def finish_with_pending_cancelled(run: Run, status: str, *, error: str = "", by:
     for it in pending:
         it.status = Interrupt.Status.CANCELLED
         inbox_changed("decided", it, before=it.team_ids, after=(), decided_by=actor_name(by))
+        log(run, RunEvent.Kind.CANCELLED, by, interrupt=it)
     Run.objects.filter(pk=run.pk).update(
         status=status, error=error, finished_at=now, updated_at=now, lease_expires_at=None
     )
+    if error:
+        log(run, _ENDED[status], by, error=error)
+    else:
+        log(run, _ENDED[status], by)
     push_run_status(run, status)
 
 
@@ -371,4 +386,3 @@ def cancel(run: Run, by: Actor) -> None:
         if reason := why_not_cancel(by, locked):
             raise NotAllowed(reason)
         finish_with_pending_cancelled(locked, Status.CANCELLED, by=by)
-        log(locked, RunEvent.Kind.CANCELLED, by)

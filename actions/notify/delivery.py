@@ -13,12 +13,12 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import IntegrityError, close_old_connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -104,9 +104,7 @@ def _record(
     began: float,
 ) -> None:
     now = timezone.now()
-    with transaction.atomic():
-        if not _still_there(notification):
-            return
+    with _unless_gone(notification), transaction.atomic():
         DeliveryAttempt.objects.create(
             notification=notification,
             ok=ok,
@@ -143,21 +141,22 @@ def _record(
                 logger.warning("webhook %s disabled: %s", hook.pk, error)
 
 
-def _still_there(notification: Notification) -> bool:
-    """In the transaction that records an attempt: whether the notification is still there,
-    locked until it commits. Deleting a webhook deletes its notifications, one being sent
-    included: its attempt then goes with it (it was an IntegrityError)."""
-    if Notification.objects.select_for_update().filter(pk=notification.pk).exists():
-        return True
-    logger.info("notification %s went with its endpoint while it was being sent", notification.pk)
-    return False
+@contextlib.contextmanager
+def _unless_gone(notification: Notification) -> Iterator[None]:
+    """Around the transaction that records an attempt: deleting a webhook deletes its
+    notifications, one being sent included, and its attempt then refers to nothing (an
+    IntegrityError, at the insert or at commit): it goes with them. Any other is raised."""
+    try:
+        yield
+    except IntegrityError:
+        if Notification.objects.filter(pk=notification.pk).exists():
+            raise
+        logger.info("notification %s went with its endpoint while it was being sent", notification.pk)
 
 
 def skip(notification: Notification, why: str) -> None:
     """Not sent, and not to be: the attempt says why."""
-    with transaction.atomic():
-        if not _still_there(notification):
-            return
+    with _unless_gone(notification), transaction.atomic():
         not_sent(why, notification=notification).save()
         Notification.objects.filter(pk=notification.pk, outcome=Outcome.PENDING).update(
             outcome=Outcome.SKIPPED

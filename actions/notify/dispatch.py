@@ -60,6 +60,9 @@ def event_type(event: RunEvent) -> str | None:
     """What the event is to subscribers; None when it tells nothing (an approval counted
     toward several that are needed does not decide the interrupt)."""
     kind = TYPES.get(event.kind)
+    if event.kind in (Kind.REJECTED, Kind.CANCELLED):
+        # An interrupt's (rejected by someone, cancelled with its run) or its run's end.
+        kind = "interrupt.decided" if event.interrupt_id is not None else "run.finished"
     detail = event.detail if isinstance(event.detail, dict) else {}
     counted = isinstance(detail.get("of"), int) and int(detail.get("approvals", 0)) < detail["of"]
     if event.kind == Kind.APPROVED and counted:
@@ -162,13 +165,9 @@ def fan_out(event: RunEvent, subscribers: Subscribers | None = None) -> list[Not
     if it is not None and kind == "interrupt.commented":
         _to_mentioned(it, event, body, notify)
     elif it is not None:
+        # An interrupt its run's end cancelled is told by its own event (interrupt.decided): a
+        # message that asked in Slack says so.
         _to_people(it, kind, body, notify, subscribers.routing)
-    elif settings.SLACK_BOT_TOKEN:
-        # Its end cancelled what was still asked in Slack (posted, or being posted): those
-        # messages say so.
-        cancelled = Interrupt.objects.filter(run_id=event.run_id, status=Interrupt.Status.CANCELLED)
-        for interrupt_id in sorted(i.pk for i in cancelled if _asked_in_slack(i)):
-            notify(Notification.Channel.SLACK, f"s{interrupt_id}", {**body, "slack_interrupt": interrupt_id})
     return made
 
 

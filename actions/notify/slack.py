@@ -149,7 +149,8 @@ def slack_user_of(user: Any) -> str:
 
 
 def send(notification: Notification) -> int:
-    # A run's end cancels its pending interrupts: their messages are named in the payload.
+    # Every Slack message is about an interrupt: its event names it (one its run's end
+    # cancelled has its own). Older notifications named it in the payload.
     event = notification.event
     interrupt_id = (event.interrupt_id if event is not None else None) or notification.payload.get(
         "slack_interrupt"
