@@ -308,6 +308,52 @@ def test_what_the_request_asks_adds_to_the_teams_policy_never_takes_from_it(
     assert later["assignees"] == ["reviewer1"]
 
 
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"then": TeamRule.Then.REQUIRE, "approvals": 2},
+        {"then": TeamRule.Then.ASSIGN, "assignees": "reviewer1"},
+    ],
+    ids=["require-2", "assign"],
+)
+def test_a_default_answer_never_outlives_a_rule_that_asks_for_named_or_more_people(
+    api: Api, team: Team, rule: dict[str, Any]
+) -> None:
+    """The README promises a default answer only where one approval by anyone would do: at the
+    deadline it was approved by "deadline policy", no person (issue 36). Now it expires."""
+    TeamRule.objects.create(team=team, name="big", action="approval", when="data.amount > 1000.0", **rule)
+    big = ask(
+        api, data={"amount": 5000.0}, deadline_seconds=600, default_answer={"approved": True, "comment": ""}
+    ).json()
+    small = ask(
+        api, data={"amount": 10.0}, deadline_seconds=600, default_answer={"approved": True, "comment": ""}
+    ).json()
+    it = the_interrupt(big["id"])
+    assert it.default_answer is None
+    created = RunEvent.objects.get(interrupt=it, kind=RunEvent.Kind.INTERRUPTED).detail
+    assert created["default_answer_dropped"].startswith("no default answer at the deadline: ")
+    engine.apply_policies(timezone.now() + timedelta(seconds=601))
+    assert api.get(f"/approvals/{big['id']}").json()["status"] == "expired"
+    assert api.get(f"/approvals/{small['id']}").json()["status"] == "approved"  # one by anyone would do
+
+
+def test_routing_keeps_what_was_asked(api: Api, team: Team, other_team: Team, outsider: User) -> None:
+    """A route rule to payroll turned a request for 2 approvals into 1: payroll1 approved it
+    alone (issue 36). The routed interrupt keeps the count, and the earlier deadline."""
+    second_outsider = member(other_team, "payroll2")
+    TeamRule.objects.create(
+        team=team, name="to payroll", action="approval", when="true", then="route", route_to=other_team
+    )
+    approval = ask(api, approvals_required=2, deadline_seconds=600).json()
+    it = the_interrupt(approval["id"])
+    assert it.team_ids == [other_team.pk] and it.approvals_required == 2
+    assert it.expires_at is not None and it.expires_at - timezone.now() < timedelta(seconds=601)
+    engine.resume(it, {"approved": True, "comment": ""}, outsider)
+    assert api.get(f"/approvals/{approval['id']}").json()["status"] == "pending"
+    engine.resume(Interrupt.objects.get(pk=it.pk), {"approved": True, "comment": ""}, second_outsider)
+    assert api.get(f"/approvals/{approval['id']}").json()["status"] == "approved"
+
+
 def test_a_rules_answer_must_fit_the_schema_or_people_decide(api: Api, team: Team) -> None:
     TeamRule.objects.create(
         team=team, name="wave it through", action="approval", when="true",

@@ -372,7 +372,23 @@ def route(
         if judged.grant_failed:
             routed.note["grant_failed"] = list(judged.grant_failed)
     routed.fields["assignees"] = _delegated(run, routed, policy)
+    _settle(routed)
     return routed
+
+
+def _settle(routed: Routed) -> None:
+    """The decision contract's last word on what the layers made of it: a default answer
+    applies at the deadline only where one approval by anyone would do. Where more people
+    must approve, or named people must, the deadline expires it instead (the event says so):
+    a rule requiring two people, or assigning, is never undone by a request's default."""
+    fields = routed.fields
+    if fields.get("default_answer") is None:
+        return
+    needs = int(fields.get("approvals_required") or 1)
+    if needs > 1 or fields.get("assignees"):
+        fields["default_answer"] = None
+        why = f"{needs} approvals are required" if needs > 1 else "it is assigned to named people"
+        routed.note["default_answer_dropped"] = f"no default answer at the deadline: {why}"
 
 
 def _scoped(grant: Grant, run: Run, who: str) -> bool:
@@ -406,7 +422,8 @@ def _apply(run: Run, routed: Routed, rule: Compiled, action_name: str, policy: A
     elif isinstance(then, Reject):
         routed.decision, routed.decided_by = ("reject", then.reason), f"rule: {rule.name}"
     elif isinstance(then, RequireApprovals):
-        fields["approvals_required"] = then.count
+        # More people than asked, never fewer: the request's count and the policy's stand.
+        fields["approvals_required"] = max(int(fields.get("approvals_required") or 1), then.count)
     elif isinstance(then, AssignTo):
         fields["assignees"] = list(then.users)
     elif isinstance(then, RouteTo):
@@ -421,7 +438,21 @@ def _apply(run: Run, routed: Routed, rule: Compiled, action_name: str, policy: A
         # escalation and approvals, not the first team's.
         override, _, _ = store.team_policy(team_id, action_name)
         theirs = with_override(action_name, override)
+        asked = dict(fields)
         fields.update(policy_fields(team_id, action_name, timezone.now(), theirs), team_id=team_id)
+        # Routing keeps what was asked: as many people at least, separation of duties if
+        # either side wanted it, the earlier deadline, and the request's default answer where
+        # that team has none (the contract below decides whether it may apply).
+        fields["approvals_required"] = max(
+            int(fields.get("approvals_required") or 1), int(asked.get("approvals_required") or 1)
+        )
+        fields["requester_may_approve"] = bool(fields.get("requester_may_approve", True)) and bool(
+            asked.get("requester_may_approve", True)
+        )
+        deadlines = [at for at in (fields.get("expires_at"), asked.get("expires_at")) if at is not None]
+        fields["expires_at"] = min(deadlines) if deadlines else None
+        if fields.get("default_answer") is None:
+            fields["default_answer"] = asked.get("default_answer")
     routed.note["rule"] = said
 
 
