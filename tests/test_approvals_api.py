@@ -378,6 +378,30 @@ def test_a_standing_grant_covers_the_same_question_only(api: Api, team: Team, re
     assert api.get(f"/approvals/{other_question['id']}").json()["status"] == "pending"
 
 
+@pytest.mark.parametrize("condition", ["", "data.service == 'billing'"], ids=["plain", "with-condition"])
+def test_a_grant_on_a_services_question_covers_that_question_only_condition_or_not(
+    api: Api, team: Team, reviewer: User, condition: str
+) -> None:
+    """With a condition, a grant given on one question approved other questions from the same
+    token; the README says "the same question only" (issue 36). The question is its message,
+    data and answer schema; a condition narrows it further, never widens it."""
+    from actions.engine import rules
+
+    first = ask(api, data={"service": "billing"}).json()
+    it = the_interrupt(first["id"])
+    approve = {"approved": True, "comment": ""}
+    rules.give_grant(it, reviewer, lasting="hour", condition=condition, answer=approve)
+    engine.resume(it, {"approved": True, "comment": ""}, reviewer)
+    same = ask(api, data={"service": "billing"}).json()
+    others = [
+        ask(api, message="Drop the billing database?", data={"service": "billing"}).json(),
+        ask(api, data={"service": "billing", "version": "9"}).json(),
+        ask(api, data={"service": "billing"}, answer_schema=TICKET_SCHEMA).json(),
+    ]
+    assert api.get(f"/approvals/{same['id']}").json()["decided_via"] == "grant"
+    assert [api.get(f"/approvals/{o['id']}").json()["status"] for o in others] == ["pending"] * 3
+
+
 def test_one_failing_deadline_does_not_stop_the_others(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
     from actions.engine import deadlines
 

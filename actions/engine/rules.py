@@ -210,7 +210,21 @@ def call_input(run: Run, arguments: Any) -> Any:
 
 
 def arguments_key(run: Run, interrupt: Interrupt) -> str:
+    """What a grant is for: the paused call's arguments; for a service's question (a run of
+    POST /api/approvals) the question itself, its message, data and answer schema."""
+    if run.consumer == Run.Consumer.APPROVAL:
+        return arguments_hash(
+            {"message": interrupt.message, "data": interrupt.data, "answer_schema": interrupt.answer_schema}
+        )
     return arguments_hash(call_input(run, interrupt.arguments))
+
+
+def _keys(run: Run, interrupt: Interrupt) -> tuple[str, ...]:
+    """The keys a grant for ``interrupt``'s question may carry: its own, and for a service's
+    question the one a grant given before the question's schema counted carries."""
+    if run.consumer == Run.Consumer.APPROVAL:
+        return (arguments_key(run, interrupt), arguments_hash(call_input(run, interrupt.arguments)))
+    return (arguments_key(run, interrupt),)
 
 
 def context(data: Any, given: Any, action: str, team: str, requester: str) -> ConditionInput:
@@ -531,16 +545,20 @@ def grant_for(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPo
     if not teams.grants:
         return None
     now = timezone.now()
-    key, who = "", requester_key(run)
+    keys: tuple[str, ...] = ()
+    who = requester_key(run)
     given = routed.given
     for grant, program in teams.grants:
         if grant.action != interrupt.action or not grant.is_live(now) or not _scoped(grant, run, who):
             continue
+        if not grant.arguments_sha256 and program is None:
+            continue
         if grant.arguments_sha256:
-            key = key or arguments_key(run, interrupt)
-            if grant.arguments_sha256 != key:
+            keys = keys or _keys(run, interrupt)
+            if grant.arguments_sha256 not in keys:
                 continue
-        elif program is not None:
+        # A service's question's grant carries both: the same question, where its condition holds.
+        if program is not None:
             if grant.pk in routed.held:
                 if not routed.held[grant.pk]:
                     continue
@@ -558,8 +576,6 @@ def grant_for(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPo
                         continue
                 except Exception:  # noqa: BLE001, S112 - a condition that fails does not cover it
                     continue
-        else:
-            continue
         # An answer that does not fit the pause's own schema approves nothing (it is people's).
         if interrupt.answer_schema is not None and schema_errors(interrupt.answer_schema, grant.answer):
             continue
@@ -741,7 +757,11 @@ def give_grant(
         granted_by_name=by.get_username(),
         source=interrupt,
         answer=answer,
-        arguments_sha256="" if condition else arguments_key(run, interrupt),
+        # For arguments where the condition holds; a service's question only for the same
+        # question, condition or not (its "arguments" are the question).
+        arguments_sha256=""
+        if condition and run.consumer != Run.Consumer.APPROVAL
+        else arguments_key(run, interrupt),
         condition=condition,
         requester="" if lasting == "run" else who,
         requester_name="" if lasting == "run" else requester_name(run),
