@@ -894,6 +894,10 @@ class ApprovalIn(In):
 
 class ApprovalRequestOut(Schema):
     id: int = Field(description="The approval's id (its run's)")
+    interrupt_id: int | None = Field(
+        description="The interrupt people decide (as `GET /api/interrupts` lists it); recorded in "
+        "the request that asks, so null only for an approval the server could not record at once"
+    )
     status: ApprovalStatus
     message: str
     data: Any
@@ -932,6 +936,7 @@ def approval_out(request: HttpRequest, run: Run) -> dict[str, Any]:
         approvals_required, assignees = it.approvals_required, it.assignees
     return {
         "id": run.pk,
+        "interrupt_id": it.pk if it is not None else None,
         "status": approval_status(run, it),
         "message": asked.get("message", ""),
         "data": asked.get("data"),

@@ -95,6 +95,36 @@ def test_an_approval_waits_in_the_inbox_and_its_answer_fits_the_schema(api: Api,
     assert body["decided_by"] == "reviewer1" and body["decided_at"] is not None
 
 
+def test_the_question_is_in_the_inbox_when_the_request_that_asks_returns(api: Api, settings: Any) -> None:
+    """POST /api/approvals answered pending before its interrupt existed (a worker's step
+    recorded it later), with no interrupt id (issue 36). Its step runs none of the caller's
+    code: it is recorded in the request, whatever workers there are (here: none that run)."""
+    from concurrent.futures import Future
+
+    from actions.engine import steps
+
+    class NoWorkers:
+        handed: list[Any] = []
+
+        def submit(self, *args: Any, **kwargs: Any) -> Future[None]:
+            self.handed.append(args)
+            return Future()
+
+    settings.GRUNDLAG_INLINE_STEPS = False
+    workers = NoWorkers()
+    steps.run_steps_in(workers)  # type: ignore[arg-type]
+    try:
+        asked = ask(api)
+    finally:
+        steps.run_steps_in(None)
+    assert asked.status_code == 202, asked.content
+    body = asked.json()
+    assert body["status"] == "pending" and body["interrupt_id"] is not None
+    listed = api.get("/interrupts?status=pending").json()["items"]
+    assert [item["id"] for item in listed] == [body["interrupt_id"]]
+    assert workers.handed == []  # nothing waited for a worker
+
+
 def test_the_schemas_text_is_shown_as_text_never_as_markup(api: Api, reviewer: User) -> None:
     injected = '<span hx-post="approve/" hx-trigger="load" hx-vals=\'{"answer-ticket": "pwned"}\'>x</span>'
     schema = {

@@ -92,6 +92,7 @@ def request_approval(
         by,
         Run.Consumer.APPROVAL,
         driver_state=state,
+        here=True,  # its step only records the question: the caller gets its interrupt at once
     )
 
 

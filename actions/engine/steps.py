@@ -225,8 +225,13 @@ def start_run(
     by: Actor,
     consumer: str = Run.Consumer.API,
     driver_state: dict[str, Any] | None = None,
+    *,
+    here: bool = False,
 ) -> Run:
-    """Validate the input and queue the run's first step. Raises UnknownAction, InvalidInput."""
+    """Validate the input and queue the run's first step. Raises UnknownAction, InvalidInput.
+    ``here``: the first step runs in this process as soon as the run is committed, whatever
+    GRUNDLAG_INLINE_STEPS says, for a driver whose step runs none of its caller's code and
+    only records a pause (a service's question): its caller then finds the pause recorded."""
     act = registry.get(action_name) if runs_an_action(consumer) else None
     check_size("the input", input)
     check_size(
@@ -251,7 +256,7 @@ def start_run(
             started_by_token=by if isinstance(by, ApiToken) else None,
             driver_state=driver_state or {},
         )
-        if inline():
+        if here or inline():
             run.status, run.attempt, run.lease_expires_at = Status.RUNNING, 1, lease_from(run.created_at)
         store.insert(run)
         log(run, RunEvent.Kind.STARTED, by, consumer=consumer)

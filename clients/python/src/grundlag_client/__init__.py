@@ -134,6 +134,7 @@ class Run(_RunFields):
 class Approval(Model):
     SCHEMA = "ApprovalRequestOut"
     id: int
+    interrupt_id: int | None  # the interrupt people decide, recorded when it was asked
     status: str  # pending, approved, rejected, expired, cancelled, failed
     message: str
     data: Any
