@@ -94,6 +94,50 @@ def test_an_edited_detail_is_named(team: Team, reviewer: User) -> None:
     assert any(f"event {resumed.pk} " in problem for problem in found), found
 
 
+@pytest.mark.parametrize(
+    ("table", "column", "value"),
+    [
+        ("actions_interrupt", "decided_by_name", "'someone else'"),
+        ("actions_interrupt", "answer", "'{\"approved\": false}'"),
+        ("actions_interrupt", "decided_via", "'email'"),
+        ("actions_interrupt", "reason", "'made up'"),
+        ("actions_interrupt", "edited_arguments", "'{\"amount\": 1}'"),
+        ("actions_run", "output", "'{\"sent\": false}'"),
+        ("actions_run", "error", "'made up'"),
+    ],
+)
+@pytest.mark.usefixtures("steps")
+def test_what_the_audit_shows_edited_in_the_database_is_named(
+    team: Team, reviewer: User, table: str, column: str, value: str
+) -> None:
+    """Who decided, the answer, via, the reason, the edited arguments, a run's output or error:
+    edited in the database, verify_audit said "intact" (issue 36)."""
+    run = finished_run(team, reviewer, "E-9")
+    (interrupt,) = Interrupt.objects.filter(run=run)
+    assert problems() == []
+    row = interrupt.pk if table == "actions_interrupt" else run.pk
+    sql(f"UPDATE {table} SET {column} = {value} WHERE id = %s", row)  # noqa: S608 - the test's own names
+    found = problems()
+    what = f"interrupt {interrupt.pk}'s decision" if table == "actions_interrupt" else f"run {run.pk}'s end"
+    assert any(problem.startswith(what) for problem in found), found
+    assert verify_audit()[0] != 0
+
+
+@pytest.mark.usefixtures("steps")
+def test_a_rejection_and_a_cancel_are_covered_too(team: Team, reviewer: User) -> None:
+    rejected = engine.start_run("send_invoice", {"invoice_id": "E-10", "amount": 1.0}, team, reviewer)
+    (asked,) = engine.pending_interrupts(rejected.pk)
+    engine.reject(asked, "no", reviewer)
+    cancelled = engine.start_run("send_invoice", {"invoice_id": "E-11", "amount": 1.0}, team, reviewer)
+    engine.cancel(cancelled, reviewer)
+    assert problems() == []
+    sql("UPDATE actions_interrupt SET reason = 'yes' WHERE id = %s", asked.pk)
+    sql("UPDATE actions_run SET status = 'completed' WHERE id = %s", cancelled.pk)
+    found = problems()
+    assert any(problem.startswith(f"interrupt {asked.pk}'s decision") for problem in found), found
+    assert any(problem.startswith(f"run {cancelled.pk}'s end") for problem in found), found
+
+
 @pytest.mark.usefixtures("steps")
 def test_a_deleted_event_is_named(team: Team, reviewer: User) -> None:
     run = finished_run(team, reviewer, "D-1")

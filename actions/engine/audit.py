@@ -80,6 +80,28 @@ def content(
 _JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode
 
 
+# What the audit shows of a decision and of a run's end lives on the interrupt's and the run's
+# rows; a digest of it goes into the detail of the event that records it, written in the same
+# transaction, so the chain covers it: verify() names a row edited since.
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(_JSON(_canonical(value)).encode()).hexdigest()
+
+
+def decision_record(
+    status: str, answer: Any, reason: str, decided_by_name: str, decided_via: str, edited_arguments: Any
+) -> str:
+    """The digest of a decision as its interrupt's row keeps it: who, the answer, via, the
+    reason and the edited arguments."""
+    return _digest([status, answer, reason or "", decided_by_name or "", decided_via or "", edited_arguments])
+
+
+def run_record(status: str, output: Any, error: str) -> str:
+    """The digest of a run's end as its row keeps it: how it ended, its output or its error."""
+    return _digest([status, output, error or ""])
+
+
 def link(previous: str, body: bytes) -> str:
     return hashlib.sha256(previous.encode() + body).hexdigest()
 
@@ -205,7 +227,51 @@ def verify(heads: Sequence[tuple[int, str]] = ()) -> Report:
                 f"the head published {where} (place {seq}) is not the log's: the log was rewritten since"
             )
     _verify_runs(report, until)
+    _verify_records(report, until)
     return report
+
+
+DECISIONS = (RunEvent.Kind.APPROVED, RunEvent.Kind.REJECTED, RunEvent.Kind.EXPIRED)
+ENDS = (RunEvent.Kind.COMPLETED, RunEvent.Kind.FAILED, RunEvent.Kind.REJECTED, RunEvent.Kind.CANCELLED)
+
+
+def _verify_records(report: Report, until: int | None) -> None:
+    """The rows the audit shows against the digests their events carry (events written before
+    they carried one are not covered)."""
+    from actions.models import Interrupt, Run
+
+    recorded = RunEvent.objects.filter(seq__isnull=False, detail__has_key="record").order_by("seq")
+    if until is not None:
+        recorded = recorded.filter(seq__lte=until)
+    decided: dict[int, str] = {}
+    ended: dict[int, str] = {}
+    events = recorded.values_list("interrupt_id", "run_id", "kind", "detail")
+    for interrupt_id, run_id, kind, detail in events.iterator(chunk_size=CHUNK):
+        if interrupt_id is not None and kind in DECISIONS:
+            decided[interrupt_id] = detail["record"]
+        elif interrupt_id is None and kind in ENDS:
+            ended[run_id] = detail["record"]
+    ids = list(decided)
+    for start in range(0, len(ids), CHUNK):
+        rows = Interrupt.objects.filter(pk__in=ids[start : start + CHUNK]).values_list(
+            "pk", "status", "answer", "reason", "decided_by_name", "decided_via", "edited_arguments"
+        )
+        for pk, status, answer, reason, by, via, edited in rows:
+            if decision_record(status, answer, reason, by, via, edited) != decided[pk]:
+                report.add(
+                    f"interrupt {pk}'s decision (who, answer, via, reason or edited arguments) is not the"
+                    " one its event recorded: it was edited in the database"
+                )
+    ids = list(ended)
+    for start in range(0, len(ids), CHUNK):
+        for pk, status, output, error in Run.objects.filter(pk__in=ids[start : start + CHUNK]).values_list(
+            "pk", "status", "output", "error"
+        ):
+            if run_record(status, output, error) != ended[pk]:
+                report.add(
+                    f"run {pk}'s end (its status, output or error) is not the one its event recorded:"
+                    " it was edited in the database"
+                )
 
 
 def verify_archive(path: Any) -> list[str]:

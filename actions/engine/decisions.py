@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from actions.core import field_errors, registry
 from actions.drivers import driver_for
 from actions.drivers.base import arguments_hash
-from actions.engine import store
+from actions.engine import audit, store
 from actions.engine.errors import (
     AlreadyDecided,
     InvalidAnswer,
@@ -145,6 +145,14 @@ def decide(
         if edit is not None:
             current.edited_arguments = edit[1]
             detail["edited"] = {"from": edit[0], "to": edit[1]}
+        detail["record"] = audit.decision_record(
+            status,
+            answer,
+            reason,
+            decision["decided_by_name"],
+            decision["decided_via"],
+            edit[1] if edit is not None else None,
+        )
         log(run, kinds.get(status, RunEvent.Kind.REJECTED), by, current, **detail)
         inbox_changed(
             "decided", current, before=current.team_ids, after=(), decided_by=current.decided_by_name
@@ -358,13 +366,15 @@ def finish_with_pending_cancelled(run: Run, status: str, *, error: str = "", by:
         it.status = Interrupt.Status.CANCELLED
         inbox_changed("decided", it, before=it.team_ids, after=(), decided_by=actor_name(by))
         log(run, RunEvent.Kind.CANCELLED, by, interrupt=it)
+    # The output stays as it was: none, as no step completed.
     Run.objects.filter(pk=run.pk).update(
         status=status, error=error, finished_at=now, updated_at=now, lease_expires_at=None
     )
+    record = audit.run_record(status, None, error)
     if error:
-        log(run, _ENDED[status], by, error=error)
+        log(run, _ENDED[status], by, error=error, record=record)
     else:
-        log(run, _ENDED[status], by)
+        log(run, _ENDED[status], by, record=record)
     push_run_status(run, status)
 
 
