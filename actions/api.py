@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from django.conf import settings
@@ -19,7 +19,7 @@ from django.urls import reverse
 from ninja import NinjaAPI, Query, Schema, Status
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from actions import engine
 from actions.core import UnknownAction, registry
@@ -614,6 +614,9 @@ class InterruptPage(Schema):
     next: str = Field(description="Pass as `after` for the next page; empty on the last")
 
 
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
 class ListQuery(Schema):
     action: str = ""
     consumer: Run.Consumer | None = None
@@ -621,6 +624,23 @@ class ListQuery(Schema):
     until: datetime | None = Field(None, description="Created before (ISO 8601)")
     after: str = Field("", description="The `next` of the page before")
     limit: Limit = 100
+
+    @field_validator("since", "until", mode="before")
+    @classmethod
+    def _iso_8601(cls, value: Any) -> Any:
+        """A date-time as documented: pydantic would also read a number (`?since=0.5`) as
+        seconds since 1970."""
+        if value is None or isinstance(value, datetime):
+            return value
+        if not isinstance(value, str) or not _ISO_DATE.match(value):
+            raise ValueError("a date-time in ISO 8601, such as 2026-12-06T10:00:00Z")
+        return value
+
+    @field_validator("since", "until")
+    @classmethod
+    def _in_utc_unless_said(cls, value: datetime | None) -> datetime | None:
+        """A date or time without an offset is UTC's (as every time the API gives is)."""
+        return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
 
 
 def paged(rows: Any, query: ListQuery, consumer: str) -> dict[str, Any]:

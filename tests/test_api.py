@@ -165,6 +165,18 @@ def test_a_rejection_says_why_as_reason_and_the_earlier_error_is_still_read(api:
     assert api.get(f"/runs/{run_id}").json()["transcript"][-1]["reason"] == "new"
 
 
+def test_since_and_until_are_date_times_not_numbers(api: Api) -> None:
+    """`?since=0.5` was 200: pydantic read a number as seconds since 1970 (issue 36)."""
+    api.post("/runs", {"action": "send_invoice", "input": {"invoice_id": "S", "amount": 1}})
+    for path in ("/runs", "/interrupts"):
+        for query in ("since=0.5", "until=1700000000", "since=yesterday"):
+            refused = api.get(f"{path}?{query}")
+            assert refused.status_code == 422, (path, query, refused.content)
+            assert "ISO 8601" in json.dumps(refused.json()), refused.content
+        assert len(api.get(f"{path}?since=2000-01-01T00:00:00Z").json()["items"]) == 1
+        assert api.get(f"{path}?until=2000-01-01").json()["items"] == []
+
+
 def test_a_second_decision_is_409_naming_who_decided(api: Api) -> None:
     run = api.post("/runs", {"action": "send_invoice", "input": {"invoice_id": "A", "amount": 1}}).json()
     url = f"/interrupts/{run['interrupt']['id']}"
