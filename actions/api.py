@@ -19,7 +19,7 @@ from django.urls import reverse
 from ninja import NinjaAPI, Query, Schema, Status
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from actions import engine
 from actions.core import UnknownAction, registry
@@ -93,6 +93,19 @@ RATE_LIMITED = {
 }
 
 
+UNAUTHORIZED = {"description": "No API token, or not one of this site's (Authorization: Bearer ...)"}
+DOES_NOT_FIT = {
+    "description": "The request does not fit: a path id, a query parameter or the body (or an "
+    "Idempotency-Key sent again with another request); `detail` names the field"
+}
+
+
+def _document(responses: dict[Any, Any], code: int, response: dict[str, Any]) -> None:
+    """Add ``code`` unless the operation documents it already (ninja keys its own by number)."""
+    if code not in responses and str(code) not in responses:
+        responses[str(code)] = response
+
+
 class Api(NinjaAPI):
     def get_openapi_schema(self, *, path_prefix: str | None = None, path_params: Any = None) -> Any:
         """Ninja's document, with the headers every POST takes (and the waits of the reads)."""
@@ -100,7 +113,11 @@ class Api(NinjaAPI):
         error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
         for path, operations in schema["paths"].items():
             for operation in operations.values():
-                operation["responses"].setdefault("429", {**RATE_LIMITED, "content": error})
+                _document(operation["responses"], 429, {**RATE_LIMITED, "content": error})
+                if operation.get("security"):
+                    _document(operation["responses"], 401, {**UNAUTHORIZED, "content": error})
+                if operation.get("parameters") or operation.get("requestBody"):
+                    _document(operation["responses"], 422, {**DOES_NOT_FIT, "content": error})
             if "post" in operations:
                 post = operations["post"]
                 post.setdefault("parameters", []).extend([IDEMPOTENCY_KEY, PREFER_WAIT])
@@ -614,6 +631,16 @@ class InterruptPage(Schema):
     next: str = Field(description="Pass as `after` for the next page; empty on the last")
 
 
+# Both enums are named Status: in the OpenAPI document they were one, the interrupts', so
+# `GET /api/runs?status=` was documented with an interrupt's statuses.
+RunStatus = Annotated[
+    Run.Status, WithJsonSchema({"title": "RunStatus", "type": "string", "enum": list(Run.Status.values)})
+]
+InterruptStatus = Annotated[
+    Interrupt.Status,
+    WithJsonSchema({"title": "InterruptStatus", "type": "string", "enum": list(Interrupt.Status.values)}),
+]
+
 _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
@@ -664,7 +691,7 @@ def paged(rows: Any, query: ListQuery, consumer: str) -> dict[str, Any]:
 
 @api.get("/runs", response={200: RunPage, 422: Error}, tags=["runs"])
 def list_runs(
-    request: HttpRequest, query: Query[ListQuery], status: Run.Status | None = None
+    request: HttpRequest, query: Query[ListQuery], status: RunStatus | None = None
 ) -> dict[str, Any]:
     """The team's runs, newest first, filtered by `status`, `action`, `consumer` and when they
     were created (`since` inclusive, `until` exclusive, ISO 8601); `limit` a page (100 by
@@ -681,7 +708,7 @@ def list_runs(
 
 @api.get("/interrupts", response={200: InterruptPage, 422: Error}, tags=["interrupts"])
 def list_interrupts(
-    request: HttpRequest, query: Query[ListQuery], status: Interrupt.Status | None = None
+    request: HttpRequest, query: Query[ListQuery], status: InterruptStatus | None = None
 ) -> dict[str, Any]:
     """The team's interrupts (and those escalated to it), newest first, filtered by `status`
     (`?status=pending`: the open questions), `action`, the run's `consumer` and when they were

@@ -1,5 +1,7 @@
-"""Schemathesis against /api/openapi.json: every operation, generated requests, a bounded number
-of examples. No request may produce a server error, and every error is JSON with a `detail`."""
+"""Schemathesis against /api/openapi.json: every operation, generated requests (and requests
+that break the schema), a bounded number of examples, with Schemathesis's default checks: no
+server error, only the status codes, content types, headers and response schemas the document
+says, and what breaks the schema refused. And every error is JSON with a `detail`."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 import schemathesis
 from django.core.wsgi import get_wsgi_application
 from hypothesis import HealthCheck, settings
-from schemathesis.checks import not_a_server_error
+from schemathesis.checks import negative_data_rejection, positive_data_acceptance
 
 from actions.models import ApiToken, Team
 
@@ -36,4 +38,12 @@ def bearer(transactional_db: Any) -> dict[str, str]:
 @schema.parametrize()
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_request_breaks_the_api(case: Any, bearer: dict[str, str]) -> None:
-    case.call_and_validate(headers=bearer, checks=[not_a_server_error, errors_are_json_with_a_detail])
+    # Not "every request the schema allows is accepted": a script's syntax, whether assignees
+    # are the team's members, a cursor from another page are not JSON Schema's to say. Nor yet
+    # "every request the schema forbids is refused": a query parameter the operation does not
+    # know is ignored, as ninja does (issue 36 keeps that open).
+    case.call_and_validate(
+        headers=bearer,
+        additional_checks=[errors_are_json_with_a_detail],
+        excluded_checks=[positive_data_acceptance, negative_data_rejection],
+    )
