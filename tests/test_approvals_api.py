@@ -384,6 +384,24 @@ def test_routing_keeps_what_was_asked(api: Api, team: Team, other_team: Team, ou
     assert api.get(f"/approvals/{approval['id']}").json()["status"] == "approved"
 
 
+def test_routing_carries_a_default_answer_only_where_the_other_team_would_allow_one(
+    api: Api, team: Team, other_team: Team
+) -> None:
+    """A team whose own deadline expires its approvals must not have them approved by another
+    team's requester's default (review of issue 36)."""
+    Policy.objects.create(team=other_team, action="approval", deadline_minutes=5)
+    TeamRule.objects.create(
+        team=team, name="to payroll", action="approval", when="true", then="route", route_to=other_team
+    )
+    approval = ask(api, deadline_seconds=600, default_answer={"approved": True, "comment": ""}).json()
+    it = the_interrupt(approval["id"])
+    assert it.team_ids == [other_team.pk] and it.default_answer is None
+    created = RunEvent.objects.get(interrupt=it, kind=RunEvent.Kind.INTERRUPTED).detail
+    assert created["default_answer_dropped"] == "no default answer at the deadline: payroll allows none"
+    engine.apply_policies(timezone.now() + timedelta(minutes=6))
+    assert api.get(f"/approvals/{approval['id']}").json()["status"] == "expired"
+
+
 def test_a_rules_answer_must_fit_the_schema_or_people_decide(api: Api, team: Team) -> None:
     TeamRule.objects.create(
         team=team, name="wave it through", action="approval", when="true",

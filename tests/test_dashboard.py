@@ -243,9 +243,11 @@ def test_the_run_page_shows_the_transcript(team: Team, reviewer: User) -> None:
         "Resumed",
         "Second confirmation",
         "Rejected by <strong>reviewer1</strong>: limit reached",
+        "The run ended rejected",  # its own event (run.finished), not a second "Rejected by"
     ]
     positions = [page.index(text) for text in order]
     assert positions == sorted(positions)
+    assert page.count("Rejected by") == 1
     assert 'class="chip status-rejected" id="run-status">rejected<' in page
 
 

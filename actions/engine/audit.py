@@ -231,7 +231,7 @@ def verify(heads: Sequence[tuple[int, str]] = ()) -> Report:
     return report
 
 
-DECISIONS = (RunEvent.Kind.APPROVED, RunEvent.Kind.REJECTED, RunEvent.Kind.EXPIRED)
+DECISIONS = (RunEvent.Kind.APPROVED, RunEvent.Kind.REJECTED, RunEvent.Kind.EXPIRED, RunEvent.Kind.CANCELLED)
 ENDS = (RunEvent.Kind.COMPLETED, RunEvent.Kind.FAILED, RunEvent.Kind.REJECTED, RunEvent.Kind.CANCELLED)
 
 

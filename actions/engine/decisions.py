@@ -365,7 +365,8 @@ def finish_with_pending_cancelled(run: Run, status: str, *, error: str = "", by:
     for it in pending:
         it.status = Interrupt.Status.CANCELLED
         inbox_changed("decided", it, before=it.team_ids, after=(), decided_by=actor_name(by))
-        log(run, RunEvent.Kind.CANCELLED, by, interrupt=it)
+        record = audit.decision_record(it.status, None, "", actor_name(by), "", None)
+        log(run, RunEvent.Kind.CANCELLED, by, interrupt=it, record=record)
     # The output stays as it was: none, as no step completed.
     Run.objects.filter(pk=run.pk).update(
         status=status, error=error, finished_at=now, updated_at=now, lease_expires_at=None

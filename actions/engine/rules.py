@@ -210,21 +210,9 @@ def call_input(run: Run, arguments: Any) -> Any:
 
 
 def arguments_key(run: Run, interrupt: Interrupt) -> str:
-    """What a grant is for: the paused call's arguments; for a service's question (a run of
-    POST /api/approvals) the question itself, its message, data and answer schema."""
-    if run.consumer == Run.Consumer.APPROVAL:
-        return arguments_hash(
-            {"message": interrupt.message, "data": interrupt.data, "answer_schema": interrupt.answer_schema}
-        )
+    """What a grant is for: the paused call's arguments (a service's question's are the question:
+    its message, data and answer schema, as the approval driver records them)."""
     return arguments_hash(call_input(run, interrupt.arguments))
-
-
-def _keys(run: Run, interrupt: Interrupt) -> tuple[str, ...]:
-    """The keys a grant for ``interrupt``'s question may carry: its own, and for a service's
-    question the one a grant given before the question's schema counted carries."""
-    if run.consumer == Run.Consumer.APPROVAL:
-        return (arguments_key(run, interrupt), arguments_hash(call_input(run, interrupt.arguments)))
-    return (arguments_key(run, interrupt),)
 
 
 def context(data: Any, given: Any, action: str, team: str, requester: str) -> ConditionInput:
@@ -346,7 +334,9 @@ def judge(
     now, who = timezone.now(), requester_key(run)
     held, failed = {}, []
     for grant, condition in teams.grants:
-        if condition is None or grant.arguments_sha256 or grant.action != action_name:
+        # A keyed grant's condition too (a service's question's): evaluated here, not under
+        # the recording transaction's lock.
+        if condition is None or grant.action != action_name:
             continue
         if not grant.is_live(now) or not _scoped(grant, run, who):
             continue
@@ -465,8 +455,16 @@ def _apply(run: Run, routed: Routed, rule: Compiled, action_name: str, policy: A
         )
         deadlines = [at for at in (fields.get("expires_at"), asked.get("expires_at")) if at is not None]
         fields["expires_at"] = min(deadlines) if deadlines else None
-        if fields.get("default_answer") is None:
+        # The request's default only where that team would allow one of its own: no deadline
+        # of its own to expire it, rules and grants may approve, one approval by anyone.
+        if fields.get("default_answer") is None and (
+            theirs.deadline is None and theirs.auto_approve and theirs.approvals <= 1 and not theirs.assignees
+        ):
             fields["default_answer"] = asked.get("default_answer")
+        elif asked.get("default_answer") is not None and fields.get("default_answer") is None:
+            routed.note["default_answer_dropped"] = (
+                f"no default answer at the deadline: {then.team} allows none"
+            )
     routed.note["rule"] = said
 
 
@@ -545,8 +543,7 @@ def grant_for(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPo
     if not teams.grants:
         return None
     now = timezone.now()
-    keys: tuple[str, ...] = ()
-    who = requester_key(run)
+    key, who = "", requester_key(run)
     given = routed.given
     for grant, program in teams.grants:
         if grant.action != interrupt.action or not grant.is_live(now) or not _scoped(grant, run, who):
@@ -554,15 +551,15 @@ def grant_for(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPo
         if not grant.arguments_sha256 and program is None:
             continue
         if grant.arguments_sha256:
-            keys = keys or _keys(run, interrupt)
-            if grant.arguments_sha256 not in keys:
+            key = key or arguments_key(run, interrupt)
+            if grant.arguments_sha256 != key:
                 continue
         # A service's question's grant carries both: the same question, where its condition holds.
         if program is not None:
             if grant.pk in routed.held:
                 if not routed.held[grant.pk]:
                     continue
-            else:  # routed to another team: its grants were not evaluated with the rules
+            else:  # routed to another team: its grants were not evaluated with the rules (rare)
                 if given is None:
                     given = context(
                         interrupt.data,

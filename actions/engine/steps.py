@@ -232,6 +232,8 @@ def start_run(
     ``here``: the first step runs in this process as soon as the run is committed, whatever
     GRUNDLAG_INLINE_STEPS says, for a driver whose step runs none of its caller's code and
     only records a pause (a service's question): its caller then finds the pause recorded."""
+    if here and runs_an_action(consumer):
+        raise ValueError("here: only for a driver whose step runs none of its caller's code")
     act = registry.get(action_name) if runs_an_action(consumer) else None
     check_size("the input", input)
     check_size(

@@ -134,7 +134,6 @@ class Run(_RunFields):
 class Approval(Model):
     SCHEMA = "ApprovalRequestOut"
     id: int
-    interrupt_id: int | None  # the interrupt people decide, recorded when it was asked
     status: str  # pending, approved, rejected, expired, cancelled, failed
     message: str
     data: Any
@@ -149,6 +148,8 @@ class Approval(Model):
     assignees: list[str]
     answer_schema: dict[str, Any] | None
     url: str
+    # The interrupt people decide, recorded when it was asked (None from a server before it).
+    interrupt_id: int | None = None
 
     @property
     def decided(self) -> bool:
