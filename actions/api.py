@@ -63,7 +63,7 @@ IDEMPOTENCY_KEY = {
     "description": "1 to 255 printable ASCII characters. A retry with the same key and request gets "
     "the first answer again (Idempotent-Replayed: true); with another request, 422; while the first "
     "is being answered, 409 with Retry-After. Kept 24 hours per token.",
-    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[ -~]+$"},
 }
 PREFER_WAIT = {
     "name": "Prefer",
@@ -1069,7 +1069,13 @@ MAX_WEBHOOKS_PER_TEAM = 10
 
 
 class WebhookIn(In):
-    url: str = Field(min_length=1, max_length=2000)
+    url: str = Field(
+        min_length=1,
+        max_length=2000,
+        description="An http or https URL whose host resolves to public addresses only (unless the "
+        "site sets GRUNDLAG_WEBHOOK_ALLOW_PRIVATE); checked again at each delivery",
+        json_schema_extra={"format": "uri", "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://"},
+    )
     events: list[WebhookEvent] = Field(min_length=1, max_length=len(Webhook.EVENTS))
 
 

@@ -269,6 +269,15 @@ def test_openapi_and_docs_are_served(client: Client) -> None:
     schema = client.get("/api/openapi.json").json()
     assert {"/api/runs", "/api/interrupts/{interrupt_id}/resume", "/api/actions"} <= set(schema["paths"])
     assert client.get("/api/docs").status_code == 200
+    # What the API refuses is in the document (issue 36): the key's characters, a webhook's URL,
+    # a missing token, a request that does not fit.
+    parameters = schema["paths"]["/api/runs"]["post"]["parameters"]
+    key = next(p for p in parameters if p["name"] == "Idempotency-Key")
+    assert key["schema"]["pattern"] == "^[ -~]+$"
+    assert schema["components"]["schemas"]["WebhookIn"]["properties"]["url"]["pattern"].startswith("^[Hh]")
+    for path, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            assert "401" in operation["responses"], (method, path)
 
 
 def test_create_api_token_prints_the_key_alone_on_the_last_line(team: Team, capsys: Any) -> None:
