@@ -27,7 +27,7 @@ from actions.engine.errors import (
     check_size,
     retry_on_conflict,
 )
-from actions.engine.journal import atomic, inbox_changed, log, push_run_status
+from actions.engine.journal import atomic, inbox_changed, log, log_end, push_run_status
 from actions.engine.policies import may_decide, separation_of_duties, why_not, why_not_cancel
 from actions.engine.schemas import schema_errors
 from actions.engine.steps import answers_of, hand_over, inline, lease_from
@@ -340,14 +340,6 @@ def end_or_go_on(run: Run, decided: Interrupt) -> None:
     finish_with_pending_cancelled(run, Status.REJECTED, error=decided.reason)
 
 
-# How a run ended here is logged: the event subscribers hear as run.finished.
-_ENDED: dict[str, str] = {
-    Status.REJECTED: RunEvent.Kind.REJECTED,
-    Status.FAILED: RunEvent.Kind.FAILED,
-    Status.CANCELLED: RunEvent.Kind.CANCELLED,
-}
-
-
 def finish_with_pending_cancelled(run: Run, status: str, *, error: str = "", by: Actor = None) -> None:
     """End the run; its interrupts still pending are cancelled, and every inbox that shows one
     (its team's, and a team's it escalated to) is told, as are the pages and the requests
@@ -371,11 +363,7 @@ def finish_with_pending_cancelled(run: Run, status: str, *, error: str = "", by:
     Run.objects.filter(pk=run.pk).update(
         status=status, error=error, finished_at=now, updated_at=now, lease_expires_at=None
     )
-    record = audit.run_record(status, None, error)
-    if error:
-        log(run, _ENDED[status], by, error=error, record=record)
-    else:
-        log(run, _ENDED[status], by, record=record)
+    log_end(run, status, by, error=error)
     push_run_status(run, status)
 
 

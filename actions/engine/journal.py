@@ -22,7 +22,7 @@ from django.dispatch import Signal
 from django.utils import timezone
 
 from actions.core import Failed
-from actions.engine import idempotency, store
+from actions.engine import audit, idempotency, store
 from actions.models import Actor, Interrupt, Run, RunEvent, actor_name, actor_user
 
 logger = logging.getLogger(__name__)
@@ -136,6 +136,24 @@ def log(
         journal.events.append(event)
     else:
         store.insert_events([event])
+
+
+# The event each way a run can end is logged as (the one subscribers hear as run.finished).
+_ENDED: dict[str, str] = {
+    Run.Status.COMPLETED: RunEvent.Kind.COMPLETED,
+    Run.Status.FAILED: RunEvent.Kind.FAILED,
+    Run.Status.REJECTED: RunEvent.Kind.REJECTED,
+    Run.Status.CANCELLED: RunEvent.Kind.CANCELLED,
+}
+
+
+def log_end(run: Run | int, status: str, by: Actor = None, *, output: Any = None, error: str = "") -> None:
+    """Log how the run ended, with its error when it has one and the digest of its row's end
+    (audit.run_record: the chain covers what the audit shows), in the transaction that ends it."""
+    detail: dict[str, Any] = {"record": audit.run_record(status, output, error)}
+    if error:
+        detail["error"] = error
+    log(run, _ENDED[status], by, **detail)
 
 
 # Sent after commit. team_changed: changes, the transaction's InboxChanges in order, each

@@ -12,8 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from actions.engine import store
-from actions.engine.audit import run_record
-from actions.engine.journal import atomic, log, push_run_status
+from actions.engine.journal import atomic, log, log_end, push_run_status
 from actions.engine.steps import enqueue, shares
 from actions.models import Run, RunEvent
 
@@ -54,13 +53,7 @@ def sweep(*, all_unfinished: bool = False) -> int:
                 if Run.objects.filter(pk=run_id, status=Status.RUNNING, attempt=attempt).update(
                     status=Status.FAILED, error=error, finished_at=now, updated_at=now, lease_expires_at=None
                 ):
-                    log(
-                        run_id,
-                        RunEvent.Kind.FAILED,
-                        None,
-                        error=error,
-                        record=run_record(Status.FAILED, None, error),
-                    )
+                    log_end(run_id, Status.FAILED, error=error)
                     push_run_status(Run(pk=run_id, team_id=team_id), Status.FAILED)
                 continue
             # Conditional on the attempt: a worker that reports back meanwhile keeps its result.

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from actions.core import ApprovalPolicy, field_errors, registry
 from actions.drivers import driver_for, runs_an_action
 from actions.drivers.base import NO_ANSWERS, Answer, Answers, Pause, StepResult, call_binding
-from actions.engine import audit, rules, store
+from actions.engine import rules, store
 from actions.engine.errors import (
     DRIVER_STATE_LIMIT_FACTOR,
     MAX_ERROR_CHARS,
@@ -41,6 +41,7 @@ from actions.engine.journal import (
     atomic,
     inbox_changed,
     log,
+    log_end,
     push_run_status,
     report_internal_error,
     step_ran,
@@ -522,10 +523,9 @@ def _record(
                 inbox_changed("interrupt", interrupt, before=(), after=[interrupt.team_id])
                 created.append((interrupt, routed, policy))
         elif result.status == Status.COMPLETED:
-            log(run, RunEvent.Kind.COMPLETED, None, record=audit.run_record(result.status, result.output, ""))
+            log_end(run, result.status, output=result.output)
         else:
-            record = audit.run_record(result.status, None, result.error)
-            log(run, RunEvent.Kind.FAILED, None, error=result.error, record=record)
+            log_end(run, result.status, error=result.error)
         push_run_status(run, result.status)
         # Decided by a rule or a grant once all of the step's pauses are in (the run goes on
         # only when none is left pending), and after the pause's own status is pushed: pages
