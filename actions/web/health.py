@@ -18,6 +18,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from actions.models import Team
+from actions.web.middleware import respond
 
 logger = logging.getLogger(__name__)
 
@@ -55,17 +56,11 @@ def answering_liveness(app: Any) -> Any:
         if scope["type"] != "http" or scope.get("path") != HEALTHZ:
             await app(scope, receive, send)
             return
-        allowed = scope.get("method") in ("GET", "HEAD")
-        body = b"ok\n" if allowed else b""
-        headers = [
-            (b"content-type", b"text/plain"),
-            (b"content-length", str(len(body)).encode()),
-            (b"cache-control", b"no-store"),
-        ]
-        if not allowed:
-            headers.append((b"allow", b"GET, HEAD"))
-        await send({"type": "http.response.start", "status": 200 if allowed else 405, "headers": headers})
-        await send({"type": "http.response.body", "body": b"" if scope.get("method") == "HEAD" else body})
+        no_store = (b"cache-control", b"no-store")
+        if scope.get("method") not in ("GET", "HEAD"):
+            await respond(send, 405, b"", b"text/plain", [no_store, (b"allow", b"GET, HEAD")])
+            return
+        await respond(send, 200, b"ok\n", b"text/plain", [no_store], head=scope.get("method") == "HEAD")
 
     return live
 

@@ -4,7 +4,7 @@ import hashlib
 import io
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -128,18 +128,17 @@ class BodyLimit:
             body, content_type = json.dumps({"detail": detail}).encode(), b"application/json"
         else:
             body, content_type = detail.encode(), b"text/plain; charset=utf-8"
-        headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await respond(send, 413, body, content_type)
 
 
 class TokenConcurrency:
     """ASGI, in front of the whole HTTP app (grundlag_site.asgi): at most
     GRUNDLAG_MAX_REQUESTS_PER_TOKEN requests of one bearer token under way at once in this
     process, on /api/ and /mcp/; past it, 429 with ``Retry-After: 1`` at once, before Django
-    runs anything. Django runs the API's synchronous code in one thread per process: without
-    this, 400 requests sent at once by one token queue every other team's requests behind
-    them for seconds, though the rate limit lets them through (it counts, it does not pace).
+    runs anything. Django runs each request's synchronous code in a thread of its own, and
+    those threads take turns at the interpreter: without this, 400 requests sent at once by
+    one token hold up every other team's requests for seconds, though the rate limit lets them
+    through (it counts, it does not pace).
     Counted by the token as sent (its hash), so nothing is read from the database to count; a
     made-up token counts as one more token, and fails its check as before."""
 
@@ -165,13 +164,23 @@ class TokenConcurrency:
         body = json.dumps(
             {"detail": f"this token has {most} requests under way already; retry when one has ended"}
         ).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"retry-after", b"1"),
-        ]
-        await send({"type": "http.response.start", "status": 429, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await respond(send, 429, body, b"application/json", [(b"retry-after", b"1")])
+
+
+async def respond(
+    send: Any,
+    status: int,
+    body: bytes,
+    content_type: bytes,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+    *,
+    head: bool = False,
+) -> None:
+    """Answer an ASGI HTTP request at once, from in front of the app (``head``: the headers of
+    ``body``, its length included, without it)."""
+    start = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *headers]
+    await send({"type": "http.response.start", "status": status, "headers": start})
+    await send({"type": "http.response.body", "body": b"" if head else body})
 
 
 def _replay(messages: list[dict[str, Any]], receive: Any) -> Any:
