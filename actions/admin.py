@@ -41,6 +41,7 @@ from actions.models import (
     TeamRule,
     Webhook,
 )
+from actions.notify.webhook import url_problem
 
 # Never reachable through the admin's query string, on any model, through any relation: an
 # action's checkpoint, a run's driver state, a token's hash. Django's admin lets staff filter
@@ -412,11 +413,22 @@ class AuditAnchorAdmin(ReadOnlyAdmin):
     list_display = ["seq", "run_id", "hash", "pruned_at"]
 
 
+class WebhookForm(forms.ModelForm[Webhook]):
+    def clean_url(self) -> str:
+        """The API's rule for an endpoint (public addresses unless the site allows private
+        ones): a URL changed here is checked as one registered there."""
+        url = str(self.cleaned_data["url"])
+        if problem := url_problem(url):
+            raise forms.ValidationError(problem)
+        return url
+
+
 @admin.register(Webhook)
 class WebhookAdmin(GuardedAdmin):
     """A team's endpoints (made through the API, which shows the secret once). A disabled one
     says why; enabling it again clears its failures."""
 
+    form = WebhookForm
     list_display = ["url", "team", "created_at", "failing_since", "disabled_at"]
     list_filter = ["team", ("disabled_at", admin.EmptyFieldListFilter)]
     exclude = ["secret"]

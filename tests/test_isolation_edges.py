@@ -102,6 +102,25 @@ def test_an_endpoint_that_hides_a_private_address_gets_no_delivery(team: Team, r
     assert attempt.error.startswith("refused:") and PRIVATE in attempt.error
 
 
+def test_the_admin_refuses_to_point_an_endpoint_at_a_private_address(
+    admin_client: Client, team: Team
+) -> None:
+    public = "https://[2002:808:808::1]/hook"  # 6to4 carrying 8.8.8.8
+    hook = Webhook.objects.create(team=team, url=public, events=["interrupt.created"])
+    page = f"/admin/actions/webhook/{hook.pk}/change/"
+    form = {"team": team.pk, "events": '["interrupt.created"]'}
+    for url in ("http://[::ffff:0:a00:1]/hook", "http://127.0.0.1:9/hook", "ftp://[2002:808:808::1]/"):
+        response = admin_client.post(page, {**form, "url": url})
+        assert response.status_code == 200, url  # the form again, saying why
+        assert PRIVATE in response.content.decode() or "http:// or https://" in response.content.decode(), url
+    hook.refresh_from_db()
+    assert hook.url == public
+    response = admin_client.post(page, {**form, "url": "https://[64:ff9b::808:808]/hook"})
+    assert response.status_code == 302
+    hook.refresh_from_db()
+    assert hook.url == "https://[64:ff9b::808:808]/hook"
+
+
 # /mcp/ and the live websocket: pages of the allowed origins only.
 
 
