@@ -294,6 +294,34 @@ def test_a_grant_by_condition_expires_and_is_revoked_at_once(
         rules.give_grant(first, reviewer, lasting="hour", condition="data.amount <")
 
 
+def test_a_routed_teams_grant_is_judged_before_the_transaction_over_its_own_name(
+    team: Team, other_team: Team, requester: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Routed to payroll, a refund is approved by payroll's grant where its condition holds
+    (``team`` is payroll there), and that condition, like every other, runs before the
+    transaction that records the pause: never under the write lock (issue 35)."""
+    from django.db import transaction
+
+    team_rule(team, "to-payroll", 'data.customer == "carol"', "route", route_to=other_team)
+    first = only(start(team, "rules_refund", 30, by=requester, customer="carol"))
+    payroll = member(other_team, "payroll9")
+    engine.resume(first, {"approved": True}, payroll)
+    rules.give_grant(first, payroll, lasting="revoked", condition='data.amount <= 50.0 && team == "payroll"')
+    judged_in_a_transaction = []
+    holds = rules.holds
+
+    def watched(condition: Any, given: Any) -> bool:
+        judged_in_a_transaction.append(transaction.get_connection().in_atomic_block)
+        return holds(condition, given)
+
+    monkeypatch.setattr(rules, "holds", watched)
+    small = only(start(team, "rules_refund", 45, by=requester, customer="carol"))
+    assert (small.team_id, small.status) == (other_team.pk, "approved")
+    assert small.decided_by_name.startswith("grant #")
+    assert only(start(team, "rules_refund", 60, by=requester, customer="carol")).status == "pending"
+    assert judged_in_a_transaction and not any(judged_in_a_transaction)
+
+
 def test_a_grant_for_this_run_covers_only_the_run(team: Team, reviewer: User) -> None:
     first = only(start(team, "rules_refund", 30))
     with pytest.raises(rules.GrantRefused, match="no requester"):

@@ -331,8 +331,33 @@ def judge(
     verdict = evaluate(rules, given, action_name)
     if verdict.failed:
         return Judged(teams.version, given, verdict)
+    held: dict[int, bool] = {}
+    failed: list[dict[str, Any]] = []
+    _hold(teams, run, action_name, given, held, failed)
+    if verdict.rule is not None and isinstance(verdict.rule.then, RouteTo):
+        # Routed: the grants that could approve it are the other team's, their conditions
+        # over that team's name; judged here too, with the same budget.
+        target = Team.objects.filter(slug=verdict.rule.then.team).values_list("pk", flat=True).first()
+        if target is not None and target != run.team_id:
+            theirs = team_set(target)
+            there = context(data, given.values["input"], action_name, theirs.slug, requester_name(run))
+            there.spent = given.spent
+            _hold(theirs, run, action_name, there, held, failed)
+            given.spent = there.spent
+    return Judged(teams.version, given, verdict, held, tuple(failed))
+
+
+def _hold(
+    teams: TeamSet,
+    run: Run,
+    action_name: str,
+    given: ConditionInput,
+    held: dict[int, bool],
+    failed: list[dict[str, Any]],
+) -> None:
+    """Whether the conditions of ``teams``' grants that could cover the pause hold, into
+    ``held`` (by grant) and ``failed``."""
     now, who = timezone.now(), requester_key(run)
-    held, failed = {}, []
     for grant, condition in teams.grants:
         # A keyed grant's condition too (a service's question's): evaluated here, not under
         # the recording transaction's lock.
@@ -345,7 +370,6 @@ def judge(
         except Exception as exc:  # noqa: BLE001 - a condition that fails does not cover it
             held[grant.pk] = False
             failed.append({"grant": grant.pk, "error": failure(exc)})
-    return Judged(teams.version, given, verdict, held, tuple(failed))
 
 
 def route(
@@ -544,7 +568,6 @@ def grant_for(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPo
         return None
     now = timezone.now()
     key, who = "", requester_key(run)
-    given = routed.given
     for grant, program in teams.grants:
         if grant.action != interrupt.action or not grant.is_live(now) or not _scoped(grant, run, who):
             continue
@@ -555,24 +578,10 @@ def grant_for(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPo
             if grant.arguments_sha256 != key:
                 continue
         # A service's question's grant carries both: the same question, where its condition holds.
-        if program is not None:
-            if grant.pk in routed.held:
-                if not routed.held[grant.pk]:
-                    continue
-            else:  # routed to another team: its grants were not evaluated with the rules (rare)
-                if given is None:
-                    given = context(
-                        interrupt.data,
-                        call_input(run, interrupt.arguments),
-                        interrupt.action,
-                        teams.slug,
-                        requester_name(run),
-                    )
-                try:
-                    if not holds(program, given):
-                        continue
-                except Exception:  # noqa: BLE001, S112 - a condition that fails does not cover it
-                    continue
+        # Its condition was judged before the transaction (``judge``, the routed-to team's
+        # too): none runs under the write lock. One given or changed since covers nothing.
+        if program is not None and not routed.held.get(grant.pk, False):
+            continue
         # An answer that does not fit the pause's own schema approves nothing (it is people's).
         if interrupt.answer_schema is not None and schema_errors(interrupt.answer_schema, grant.answer):
             continue
