@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: run dev test lint format lock venv clean bench screenshots scaled
+.PHONY: run dev test lint format lock venv node clean bench screenshots scaled
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,14 @@ $(BIN)/.installed: requirements.txt requirements-dev.txt
 	touch $@
 
 venv: $(BIN)/.installed
+
+# The official TypeScript MCP SDK and Standard Webhooks library the tests judge /mcp/ and the
+# webhooks with, pinned by tests/node/package-lock.json (node and npm from the system).
+NODE_MODULES := tests/node/node_modules/.package-lock.json
+$(NODE_MODULES): tests/node/package-lock.json
+	npm ci --prefix tests/node --no-audit --no-fund --loglevel=error
+
+node: $(NODE_MODULES)
 
 # DEBUG stays off (the default): an error page shows nothing of the settings. Cookies are not
 # marked Secure because this serves plain HTTP on 127.0.0.1; behind HTTPS they are (README).
@@ -29,7 +37,7 @@ dev: venv
 	PORT=$(PORT) $(BIN)/python manage.py seed_demo
 	PORT=$(PORT) DEBUG=true exec $(BIN)/python manage.py serve --port $(PORT)
 
-test: venv lint
+test: venv node lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: venv
@@ -50,7 +58,7 @@ lock:
 	(echo "-r requirements.txt"; /tmp/grundlag-lock/bin/pip freeze --exclude pip | grep -vxF -f requirements.txt) > requirements-dev.txt
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache staticfiles test.sqlite3*
+	rm -rf $(VENV) tests/node/node_modules .pytest_cache .mypy_cache .ruff_cache staticfiles test.sqlite3*
 
 # The scaled topology locally: PostgreSQL + Redis (Debian packages), 2 daphne, 2 workers, beat.
 scaled: venv

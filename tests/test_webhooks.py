@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -300,3 +302,41 @@ def test_a_run_stays_intact_when_its_endpoint_is_down(
     (attempt,) = DeliveryAttempt.objects.all()
     assert not attempt.ok and attempt.status_code is None and "ConnectError" in attempt.error
     assert Run.objects.get(pk=run.pk).status == "interrupted"
+
+
+# The official Standard Webhooks library for node, as a TypeScript application checks a delivery.
+
+NODE_VERIFIER = Path(__file__).parent / "node" / "verify_webhook.mjs"
+
+
+def node_verified(secret: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, Any]]:
+    """What tests/node/verify_webhook.mjs (the `standardwebhooks` npm package) makes of a
+    delivery: its exit status and the payload it verified, or its error."""
+    given = {"secret": secret, "headers": headers, "body": body.decode()}
+    done = subprocess.run(
+        ["node", str(NODE_VERIFIER)], input=json.dumps(given), capture_output=True, text=True, timeout=60
+    )
+    return done.returncode, json.loads(done.stdout or json.dumps({"error": done.stderr}))
+
+
+def test_deliveries_verify_with_the_standard_webhooks_node_library(
+    client: Client, token_key: str, team: Team, reviewer: User, receiver: Receiver
+) -> None:
+    hook = registered(client, token_key, receiver.url)
+    run = engine.start_run("send_invoice", {"invoice_id": "W-N", "amount": 5.0}, team, reviewer)
+    notify.dispatch()
+    (interrupt,) = engine.pending_interrupts(run.pk)
+    engine.resume(interrupt, {"approved": True}, reviewer)
+    notify.dispatch()
+    assert len(receiver.received) == 3
+    for headers, body in receiver.received:
+        code, payload = node_verified(hook["secret"], headers, body)
+        assert code == 0, payload
+        assert payload == json.loads(body)
+    headers, body = receiver.received[0]
+    forged = body.replace(b'"pending"', b'"approved"')
+    assert forged != body
+    code, said = node_verified(hook["secret"], headers, forged)
+    assert code == 1 and "signature" in said["error"].lower(), said
+    other = registered(client, token_key, f"{receiver.url}/other")["secret"]
+    assert node_verified(other, headers, body)[0] == 1  # another endpoint's secret

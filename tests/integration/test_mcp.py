@@ -6,9 +6,12 @@ way, durable across a restart of the server, and bad calls refused creating noth
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -390,3 +393,42 @@ def test_in_the_scaled_setup_any_web_process_answers_for_a_task(scaled_site: Sit
     assert task.status == "completed"
     assert result.structured_content is not None
     assert result.structured_content["output"]["invoice_id"] == "MCP-S"
+
+
+# The official TypeScript SDK's client (node, tests/node/mcp_task.mjs), as an agent host written
+# in TypeScript calls the team's actions.
+
+NODE_CLIENT = Path(__file__).parents[1] / "node" / "mcp_task.mjs"
+
+
+def test_the_typescript_sdk_calls_a_tool_as_a_task_and_gets_its_result_once_approved(site: Site) -> None:
+    web = site.serve()
+    call = subprocess.Popen(
+        ["node", str(NODE_CLIENT), mcp_url(web), site.token, "send_invoice", json.dumps(INVOICE)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert call.stdout is not None
+        said = [json.loads(call.stdout.readline())]
+        tools = {tool["name"]: tool for tool in said[0]["tools"]}
+        assert tools["send_invoice"]["taskSupport"] == "optional"
+        said.append(json.loads(call.stdout.readline()))
+        assert said[-1]["type"] == "taskCreated", said
+        task_id = said[-1]["task"]["taskId"]
+        (run,) = runs(web, site)
+        decide(web, pending_interrupt(web, site, run["id"]), approve=True, fields={"answer-comment": "ts"})
+        out, err = call.communicate(timeout=120)
+    finally:
+        call.kill()
+    assert call.returncode == 0, err
+    said += [json.loads(line) for line in out.splitlines()]
+    statuses = [m["task"]["status"] for m in said if m["type"] == "taskStatus"]
+    assert set(statuses) <= {"working", "completed"}, statuses
+    assert said[-1]["type"] == "result", said[-1]
+    result = said[-1]["result"]
+    assert not result.get("isError") and result["structuredContent"]["output"]["invoice_id"] == "MCP-1"
+    assert result["_meta"]["io.modelcontextprotocol/related-task"]["taskId"] == task_id
+    (run,) = runs(web, site)
+    assert run["status"] == "completed"
