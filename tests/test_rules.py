@@ -322,6 +322,39 @@ def test_a_routed_teams_grant_is_judged_before_the_transaction_over_its_own_name
     assert judged_in_a_transaction and not any(judged_in_a_transaction)
 
 
+def test_one_approve_says_what_it_made_and_gives_its_grant_in_the_same_transaction(
+    team: Team, reviewer: User, second_reviewer: User, requester: User
+) -> None:
+    """engine.approve, what every page and channel approves through: a typed account of the
+    decision (the N-of-M count, whose approvals a different answer set aside), and a standing
+    grant given with it or not at all."""
+    team_rule(team, "two", "true", "require", approvals=2, action="rules_typed")
+    typed = only(start(team, "rules_typed", 5))
+    first = engine.approve(typed, {"approved": True, "note": "a"}, reviewer)
+    assert (first.interrupt.is_pending, first.approvals, first.restarted, first.grant) == (True, 1, (), None)
+    second = engine.approve(typed, {"approved": True, "note": "b"}, second_reviewer)
+    assert (second.interrupt.is_pending, second.approvals, second.restarted) == (True, 1, ("reviewer1",))
+    third = engine.approve(typed, {"approved": True, "note": "b"}, reviewer)
+    assert (third.interrupt.status, third.approvals) == ("approved", 2)
+
+    nobody = only(start(team, "rules_refund", 30))  # no requester: only a grant for this run
+    with pytest.raises(rules.GrantRefused, match="no requester"):
+        engine.approve(nobody, {"approved": True}, reviewer, grant=engine.GrantAsked("hour"))
+    nobody.refresh_from_db()
+    assert nobody.status == "pending" and not Grant.objects.exists()  # neither
+
+    asked = only(start(team, "rules_refund", 30, by=requester))
+    made = engine.approve(
+        asked, {"approved": True}, reviewer, grant=engine.GrantAsked("revoked", "data.amount <= 50.0")
+    )
+    assert made.interrupt.status == "approved" and made.grant == Grant.objects.get()
+    assert made.grant.condition == "data.amount <= 50.0" and made.grant.source_id == asked.pk
+    assert (
+        only(start(team, "rules_refund", 45, by=requester)).decided_by_name
+        == f"grant #{made.grant.pk} (reviewer1)"
+    )
+
+
 def test_a_grant_for_this_run_covers_only_the_run(team: Team, reviewer: User) -> None:
     first = only(start(team, "rules_refund", 30))
     with pytest.raises(rules.GrantRefused, match="no requester"):

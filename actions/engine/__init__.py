@@ -22,7 +22,10 @@ from actions.engine.comments import comment, may_comment
 from actions.engine.deadlines import apply_policies
 from actions.engine.decisions import (
     CANCELLABLE,
+    Decided,
+    GrantAsked,
     agreement_key,
+    approve,
     cancel,
     counted_approvals,
     proposed_arguments,
@@ -57,6 +60,8 @@ from actions.engine.store import snapshot
 __all__ = [
     "CANCELLABLE",
     "AlreadyDecided",
+    "Decided",
+    "GrantAsked",
     "Busy",
     "EngineError",
     "InboxChange",
@@ -66,6 +71,7 @@ __all__ = [
     "NotCancellable",
     "PayloadTooLarge",
     "agreement_key",
+    "approve",
     "apply_policies",
     "cancel",
     "check_size",

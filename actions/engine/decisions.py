@@ -8,6 +8,7 @@ every change (the lock order), so two decisions of one run see each other.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connection
@@ -31,11 +32,34 @@ from actions.engine.journal import atomic, inbox_changed, log, log_end, push_run
 from actions.engine.policies import may_decide, separation_of_duties, why_not, why_not_cancel
 from actions.engine.schemas import schema_errors
 from actions.engine.steps import answers_of, hand_over, inline, lease_from
-from actions.models import Actor, ApiToken, Approval, Interrupt, Run, RunEvent, actor_name, actor_user
+from actions.models import Actor, ApiToken, Approval, Grant, Interrupt, Run, RunEvent, actor_name, actor_user
 
 Status = Run.Status
 
 Then = Callable[[Run, Interrupt], None]
+
+
+@dataclass(frozen=True)
+class Decided:
+    """What one decision made of an interrupt, for whoever asked for it to say: the interrupt as
+    it is now (still pending when more approvals are required), how many approvals count
+    towards its answer so far (N-of-M; 0 when one decision settled it), whose approvals of
+    another answer this one set aside (the count started again from it), and the standing grant
+    it gave."""
+
+    interrupt: Interrupt
+    approvals: int = 0
+    restarted: tuple[str, ...] = ()
+    grant: Grant | None = None
+
+
+@dataclass(frozen=True)
+class GrantAsked:
+    """A standing grant asked for with an approval (rules.give_grant): for how long (an hour,
+    the run, until revoked) and where its condition holds ("": the same arguments only)."""
+
+    lasting: str
+    condition: str = ""
 
 
 def validate_answer(interrupt: Interrupt, data: Any) -> Any:
@@ -62,7 +86,6 @@ def lock_run(run_id: int) -> Run:
     return store.lock_run(run_id)
 
 
-@retry_on_conflict
 def decide(
     interrupt: Interrupt,
     status: str,
@@ -76,6 +99,36 @@ def decide(
     also: Callable[[], None] | None = None,
     edit: tuple[Any, Any] | None = None,
 ) -> Interrupt:
+    """``settle``, for a caller that needs only the interrupt as it is now."""
+    decided = settle(
+        interrupt,
+        status,
+        by,
+        answer=answer,
+        reason=reason,
+        then=then,
+        policy=policy,
+        via=via,
+        also=also,
+        edit=edit,
+    )
+    return decided.interrupt
+
+
+@retry_on_conflict
+def settle(
+    interrupt: Interrupt,
+    status: str,
+    by: Actor,
+    *,
+    answer: Any = None,
+    reason: str = "",
+    then: Then,
+    policy: str = "",
+    via: str = "",
+    also: Callable[[], None] | None = None,
+    edit: tuple[Any, Any] | None = None,
+) -> Decided:
     """Decide a pending interrupt, then ``then(run, interrupt)`` in the same transaction.
     ``edit`` is (proposed, edited) when a reviewer approves a tool call with edited arguments.
     ``policy`` names the policy deciding it, when no one does; ``via`` where a person decided
@@ -83,6 +136,7 @@ def decide(
     in the same transaction once the decision is allowed: what it raises undoes the decision
     (a mail's link is used up with it, or not at all)."""
     now = timezone.now()
+    restarted: tuple[str, ...]
     with atomic():
         # Lock the run first: two reviewers deciding two interrupts of one agent turn (or two
         # of N required approvers) must see each other's decision, or neither would resume the
@@ -98,14 +152,15 @@ def decide(
         if also is not None:
             also()
         counted_detail: dict[str, Any] = {}
+        counted, restarted = 0, ()
         if status == Interrupt.Status.APPROVED and current.approvals_required > 1 and not policy:
-            agreed = _count_approval(run, current, by, answer)
+            agreed, counted, restarted = _count_approval(run, current, by, answer)
             if agreed is None:
-                return current
+                return Decided(current, counted, restarted)
             answer = agreed
             counted_detail = {"approvals": current.approvals_required, "of": current.approvals_required}
-            if restarted := getattr(current, "count_restarted", None):
-                counted_detail.update(restarted=True, superseded=restarted)
+            if restarted:
+                counted_detail.update(restarted=True, superseded=list(restarted))
         user = actor_user(by)
         decision = {
             "status": status,
@@ -158,7 +213,7 @@ def decide(
             "decided", current, before=current.team_ids, after=(), decided_by=current.decided_by_name
         )
         then(run, current)
-    return current
+    return Decided(current, counted, restarted)
 
 
 def decided_via(by: Actor, *, policy: str = "", via: str = "") -> str:
@@ -192,9 +247,12 @@ def counted_approvals(interrupt: Interrupt) -> list[Approval]:
     return list(interrupt.approvals.filter(superseded_at=None).select_related("user").order_by("at", "id"))
 
 
-def _count_approval(run: Run, interrupt: Interrupt, by: Actor, answer: Any) -> Any | None:
+def _count_approval(
+    run: Run, interrupt: Interrupt, by: Actor, answer: Any
+) -> tuple[Any | None, int, tuple[str, ...]]:
     """Record one of N required approvals. Returns the answer to resume with when this one
-    completes N approvals of the same answer, else None.
+    completes N approvals of the same answer (else None), how many count now, and whose
+    approvals of another answer it set aside.
 
     N approvals count towards one answer: an approval whose answer differs from the ones
     counted so far supersedes them (they stay, for the transcript) and the count starts again
@@ -218,9 +276,8 @@ def _count_approval(run: Run, interrupt: Interrupt, by: Actor, answer: Any) -> A
         counted = []
     Approval.objects.create(interrupt=interrupt, user=user, answer=answer)
     count = len(counted) + 1
-    interrupt.count_restarted = superseded  # type: ignore[attr-defined]
     if count >= interrupt.approvals_required:
-        return answer
+        return answer, count, tuple(superseded)
     detail: dict[str, Any] = {
         "seq": interrupt.seq,
         "approvals": count,
@@ -233,7 +290,7 @@ def _count_approval(run: Run, interrupt: Interrupt, by: Actor, answer: Any) -> A
         detail["superseded"] = superseded
     log(run, RunEvent.Kind.APPROVED, by, interrupt, **detail)
     inbox_changed("approval", interrupt, before=interrupt.team_ids, after=interrupt.team_ids)
-    return None
+    return None, count, tuple(superseded)
 
 
 def resume_if_nothing_pending(run: Run, interrupt: Interrupt) -> None:
@@ -263,18 +320,55 @@ def resume(
     Raises InvalidAnswer or InvalidInput (nothing changed) or AlreadyDecided (someone else was
     first).
     """
+    return approve(interrupt, data, by, via=via, also=also, arguments=arguments).interrupt
+
+
+def approve(
+    interrupt: Interrupt,
+    data: Any,
+    by: Actor,
+    *,
+    via: str = "",
+    also: Callable[[], None] | None = None,
+    arguments: Any = None,
+    grant: GrantAsked | None = None,
+) -> Decided:
+    """Approve ``interrupt`` as a person does, from any page or channel: ``resume``, with what
+    it made of the interrupt (the count of an N-of-M, a count started again), and with
+    ``grant`` a standing grant given in the same transaction (both or neither).
+
+    ``also`` runs in the decision's transaction once it is allowed, as for ``decide``. Raises
+    InvalidAnswer or InvalidInput, NotAllowed or AlreadyDecided, and GrantRefused for a grant
+    that cannot be given (with edited arguments: a grant approves calls as they are proposed;
+    or one rules.give_grant refuses); nothing is changed then."""
+    from actions.engine import rules
+
     answer = validate_answer(interrupt, data)
     edit = validate_edit(interrupt, arguments) if arguments is not None else None
-    return decide(
+    given: list[Grant] = []
+
+    def allowed() -> None:
+        """Once the decision is allowed, in its transaction: the caller's ``also``, the grant."""
+        if also is not None:
+            also()
+        if grant is not None:
+            # Replaced, not added to, should a conflict make the transaction run again.
+            lasting, condition = grant.lasting, grant.condition
+            given[:] = [rules.give_grant(interrupt, by, lasting=lasting, condition=condition, answer=answer)]
+
+    if grant is not None and arguments is not None:
+        raise rules.GrantRefused("A grant approves calls as they are proposed: it cannot carry an edit.")
+    decided = settle(
         interrupt,
         Interrupt.Status.APPROVED,
         by,
         answer=answer,
         then=resume_if_nothing_pending,
         via=via,
-        also=also,
+        also=allowed if also is not None or grant is not None else None,
         edit=edit,
     )
+    return replace(decided, grant=given[0] if given else None)
 
 
 def proposed_arguments(interrupt: Interrupt, run: Run | None = None) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.contrib import messages
@@ -246,14 +246,17 @@ def next_pending(request: AuthenticatedRequest, current: Interrupt) -> Interrupt
     return older.first() or newest_first.first()
 
 
+Made = TypeVar("Made")  # what deciding made: the interrupt, or the engine's Decided
+
+
 def _decide(
     request: AuthenticatedRequest,
     interrupt: Interrupt,
     verb: str,
     form: SchemaForm | ApprovalForm | RejectForm,
-    decide: Callable[[], Interrupt],
+    decide: Callable[[], Made],
     **form_context: Any,
-) -> Interrupt | HttpResponse:
+) -> Made | HttpResponse:
     """Check that the reviewer may decide, validate the form and decide through the engine:
     the decided interrupt, or the page (or fragment) that says why it was not decided."""
     if not engine.may_decide(request.user, interrupt):
@@ -321,29 +324,26 @@ def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     if lasting:
         shown.update(grant_form=granting, open_grant=True)  # kept, should the approval be refused
 
-    def approve_it() -> Interrupt:
-        also = None
-        if lasting:
-            answer = engine.validate_answer(interrupt, form.payload())
-
-            def also() -> None:
-                rules.give_grant(interrupt, request.user, lasting=lasting, condition=condition, answer=answer)
-
-        return engine.resume(interrupt, form.payload(), request.user, arguments=arguments, also=also)
-
-    decided = _decide(request, interrupt, "approved", form, approve_it, **shown)
+    grant = engine.GrantAsked(lasting, condition) if lasting else None
+    decided = _decide(
+        request,
+        interrupt,
+        "approved",
+        form,
+        lambda: engine.approve(interrupt, form.payload(), request.user, arguments=arguments, grant=grant),
+        **shown,
+    )
     if isinstance(decided, HttpResponse):
         return decided
-    restarted = getattr(decided, "count_restarted", None)
-    if decided.is_pending and restarted:
+    if decided.interrupt.is_pending and decided.restarted:
         text = (
-            f"Your answer differs from the one {', '.join(restarted)} approved, so the count starts "
-            f"again from yours: 1 of {decided.approvals_required} approvals."
+            f"Your answer differs from the one {', '.join(decided.restarted)} approved, so the count starts "
+            f"again from yours: 1 of {decided.interrupt.approvals_required} approvals."
         )
         return _decided(request, interrupt, text)
-    if decided.is_pending:
-        count = len(engine.counted_approvals(decided))
-        return _decided(request, interrupt, f"Approved: {count} of {decided.approvals_required} approvals.")
+    if decided.interrupt.is_pending:
+        of = decided.interrupt.approvals_required
+        return _decided(request, interrupt, f"Approved: {decided.approvals} of {of} approvals.")
     if lasting:
         said = dict(GrantForm.LASTING)[lasting].lower()
         return _decided(
@@ -351,7 +351,7 @@ def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
             interrupt,
             f"Approved “{interrupt.message}”, and the same is allowed {said} (see Grants).",
         )
-    if decided.edited_arguments is not None:
+    if decided.interrupt.edited_arguments is not None:
         return _decided(
             request, interrupt, f"Approved “{interrupt.message}” with the arguments as you edited them."
         )
