@@ -86,6 +86,7 @@ def lock_run(run_id: int) -> Run:
     return store.lock_run(run_id)
 
 
+@retry_on_conflict
 def decide(
     interrupt: Interrupt,
     status: str,
@@ -98,43 +99,13 @@ def decide(
     via: str = "",
     also: Callable[[], None] | None = None,
     edit: tuple[Any, Any] | None = None,
-) -> Interrupt:
-    """``settle``, for a caller that needs only the interrupt as it is now."""
-    decided = settle(
-        interrupt,
-        status,
-        by,
-        answer=answer,
-        reason=reason,
-        then=then,
-        policy=policy,
-        via=via,
-        also=also,
-        edit=edit,
-    )
-    return decided.interrupt
-
-
-@retry_on_conflict
-def settle(
-    interrupt: Interrupt,
-    status: str,
-    by: Actor,
-    *,
-    answer: Any = None,
-    reason: str = "",
-    then: Then,
-    policy: str = "",
-    via: str = "",
-    also: Callable[[], None] | None = None,
-    edit: tuple[Any, Any] | None = None,
 ) -> Decided:
-    """Decide a pending interrupt, then ``then(run, interrupt)`` in the same transaction.
-    ``edit`` is (proposed, edited) when a reviewer approves a tool call with edited arguments.
-    ``policy`` names the policy deciding it, when no one does; ``via`` where a person decided
-    from, when not the dashboard or the API (email, slack), kept in the event log. ``also`` runs
-    in the same transaction once the decision is allowed: what it raises undoes the decision
-    (a mail's link is used up with it, or not at all)."""
+    """Decide a pending interrupt, then ``then(run, interrupt)`` in the same transaction; what
+    it made of it (``Decided``). ``edit`` is (proposed, edited) when a reviewer approves a tool
+    call with edited arguments. ``policy`` names the policy deciding it, when no one does;
+    ``via`` where a person decided from, when not the dashboard or the API (email, slack), kept
+    in the event log. ``also`` runs in the same transaction once the decision is allowed: what
+    it raises undoes the decision (a mail's link is used up with it, or not at all)."""
     now = timezone.now()
     restarted: tuple[str, ...]
     with atomic():
@@ -358,7 +329,7 @@ def approve(
 
     if grant is not None and arguments is not None:
         raise rules.GrantRefused("A grant approves calls as they are proposed: it cannot carry an edit.")
-    decided = settle(
+    decided = decide(
         interrupt,
         Interrupt.Status.APPROVED,
         by,
@@ -422,7 +393,7 @@ def reject(
     check_size("the reason", reason)
     return decide(
         interrupt, Interrupt.Status.REJECTED, by, reason=reason, then=end_or_go_on, via=via, also=also
-    )
+    ).interrupt
 
 
 def end_or_go_on(run: Run, decided: Interrupt) -> None:
