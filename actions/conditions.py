@@ -28,8 +28,9 @@ import cel
 CONDITION_VARIABLES = ("data", "input", "action", "team", "requester")
 MAX_CONDITION_CHARS = 2000
 MAX_MACRO_NESTING = 2
-# About 40 ns a step on one core of the reference machine (bench/RESULTS.md, "Conditions"):
-# 2,000,000 steps is at most about 0.1 s of evaluation, however the condition is written.
+# The slowest conditions measured take about 18 ns a step (making a result of long strings into
+# Python's; walks and compares 2 to 10 ns) on one core of the reference machine: 2,000,000 steps
+# is at most about 0.05 s of evaluation, however the condition is written (bench/RESULTS.md).
 CONDITION_BUDGET = 2_000_000
 
 MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
@@ -40,10 +41,17 @@ _WALKS = frozenset(
 )
 # A string of this many characters costs about one step to read; "+" copies each character.
 _CHARS_A_STEP = 64
-_READS, _COPIES, _MATCHES = 1, 2, 3
-# "matches" compiles its pattern at each evaluation: a large one (a Unicode class repeated) takes
-# tens of milliseconds, whatever it is matched against.
-MATCHES_STEPS = 500_000
+_READS, _COPIES, _MATCHES, _MATCHES_WRITTEN = 1, 2, 3, 4
+# "matches" compiles its pattern at each evaluation: one written in the condition (at most its
+# 2,000 characters, a Unicode class repeated) takes up to 60 ms, whatever it is matched against;
+# two in one budget at most.
+MATCHES_STEPS = 1_000_000
+# A pattern read from what the condition is given may be as long as its longest string, and
+# compiling one takes time that grows with the square of its length (16,000 characters: 1 s;
+# 240,000: 220 s): a step for each this many of that square.
+_PATTERN_SQUARE_A_STEP = 10
+# Making one value of the result into Python's: about four steps.
+_BUILDS = 4
 
 _TOKEN = re.compile(
     r"""
@@ -138,13 +146,19 @@ class Shape:
     widest_literal: int  # the most elements of a list or map it writes
     joins: int  # how many "+" it has: each can make a list or string as long as two
     # Per token: how many comprehensions enclose it, and whether it reads (_READS), copies
-    # (_COPIES) or matches (_MATCHES) a whole value, or none of these (0).
+    # (_COPIES) or matches a whole value (_MATCHES; _MATCHES_WRITTEN with a pattern written as a
+    # string), or none of these (0).
     levels: tuple[tuple[int, int], ...] = field(repr=False)
     # Per map or filter: how many comprehensions enclose it, and whether what it makes of each
     # element may hold a whole variable (its body names data, input...), not a part of one.
     collects: tuple[tuple[int, bool], ...] = field(repr=False)
     bound_names: frozenset[str] = field(repr=False)  # the comprehensions' variables
     bare_names: tuple[str, ...] = field(repr=False)  # names read as variables
+
+    @property
+    def variable_refs(self) -> int:
+        """How many times it names one of the variables it is given (data, input...)."""
+        return sum(1 for name in self.bare_names if name in CONDITION_VARIABLES)
 
 
 @dataclass
@@ -197,7 +211,17 @@ def shape_of(text: str) -> Shape:
         work = 0
         if token.kind in ("op", "name"):
             if token.text == "matches":
-                work = _MATCHES
+                # A pattern written as a string, as the method's one argument: its own size.
+                written = (
+                    before is not None
+                    and before.text == "."
+                    and after is not None
+                    and after.text == "("
+                    and index + 3 < len(tokens)
+                    and tokens[index + 2].kind == "string"
+                    and tokens[index + 3].text == ")"
+                )
+                work = _MATCHES_WRITTEN if written else _MATCHES
             elif token.text == "+":
                 work = _COPIES
             elif token.text in _WALKS:
@@ -276,20 +300,28 @@ class Condition:
         square of the list's size times what one element it makes can hold."""
         shape = self.shape
         grows = shape.joins + 1  # "a + a + a" is three times as long as a
+        # Each time it names a variable, a value may hold all of it: "[input, input]" is twice
+        # as large as input, and "input in [input, input, ...]" walks each copy.
+        refs = max(shape.variable_refs, 1)
         size = max(extent.widest, shape.widest_literal, 1) * grows
         longest = extent.longest * grows
-        values = max(extent.total, shape.widest_literal, 1) * grows  # "==" may walk all of them
+        values = (max(extent.total, 1) * refs + shape.widest_literal) * grows  # "==" may walk all
+        chars = refs * (1 + longest // _CHARS_A_STEP)  # and read each copy's longest string
         each = {
             0: 1,
-            _READS: max(values, 1 + longest // _CHARS_A_STEP),
+            _READS: values + chars,
             _COPIES: max(size, longest),
-            _MATCHES: max(values, 1 + longest // _CHARS_A_STEP, MATCHES_STEPS),
+            _MATCHES_WRITTEN: values + chars + MATCHES_STEPS,
+            _MATCHES: values + chars + MATCHES_STEPS + refs * longest**2 // _PATTERN_SQUARE_A_STEP,
         }
         steps = sum(int(size**depth) * each[work] for depth, work in shape.levels)
-        whole, part = max(extent.total, 1) * grows, max(extent.element, shape.widest_literal, 1) * grows
-        return steps + sum(
+        whole, part = values, max(extent.element, shape.widest_literal, 1) * grows
+        collected = sum(
             int(size ** (depth + 2)) * (whole if named else part) for depth, named in shape.collects
         )
+        # The value it gives is made into Python's values, each a few steps' work: as large as
+        # what it may build ("[input, input]" is not true or false, and fails only once made).
+        return steps + collected + _BUILDS * (values + chars)
 
     def evaluate(self, given: ConditionInput, budget: int = CONDITION_BUDGET) -> Any:
         """The condition's value over ``given``; ConditionTooCostly (without evaluating) when it

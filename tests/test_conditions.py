@@ -96,7 +96,7 @@ def test_over_the_budget_it_is_not_evaluated_and_the_budget_is_for_all_condition
         pairs.evaluate(large)
     assert large.spent == 0  # nothing was run
     scan = compile_condition("data.exists(a, a in data)")
-    one = given(list(range(1000)))
+    one = given(list(range(750)))
     half = scan.cost(one.extent)
     assert CONDITION_BUDGET // 2 < half < CONDITION_BUDGET
     assert scan.evaluate(one) is True
@@ -116,6 +116,54 @@ def test_over_the_budget_it_is_not_evaluated_and_the_budget_is_for_all_condition
 def test_copies_and_scans_count_so_a_large_list_is_not_evaluated(text: str) -> None:
     with pytest.raises(ConditionTooCostly):
         compile_condition(text).evaluate(given(list(range(5_000))))
+
+
+LARGE = list(range(120_000))  # about what a 256 KB request's input can hold
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # The review's reproductions: each naming of a variable may be all of it...
+        "input in [" + ",".join(["input"] * 280) + "]",  # 3.6 s when costed as one input
+        # ...and what it gives is made into Python's values whether true, false or neither.
+        "[" + ",".join(["input"] * 50) + "]",  # 1.2 s and 460 MB, costed at 101 steps
+        "input.size() > 0 ? [input, input, input, input, input, input, input, input] : []",
+    ],
+)
+def test_every_naming_of_a_variable_and_the_value_made_count(text: str) -> None:
+    with pytest.raises(ConditionTooCostly):
+        compile_condition(text).evaluate(ConditionInput({"data": None, "input": LARGE}))
+
+
+def test_a_pattern_read_from_the_data_costs_the_square_of_its_length() -> None:
+    """Compiling a pattern of 240,000 characters took 220 s under the earlier bound."""
+    long = {"s": "x" * 240_000}
+    read = compile_condition("input.s.matches(input.s)")
+    with pytest.raises(ConditionTooCostly):
+        read.evaluate(ConditionInput({"data": None, "input": long}))
+    with pytest.raises(ConditionTooCostly):
+        compile_condition('matches(input.s, "^x")').evaluate(ConditionInput({"data": None, "input": long}))
+    written = compile_condition('input.s.matches("^x+$")')  # its own size: evaluated
+    assert written.evaluate(ConditionInput({"data": None, "input": long})) is True
+    short = ConditionInput({"data": None, "input": {"s": "x" * 300}})
+    assert read.evaluate(short) is True  # a short pattern from the data is
+
+
+def test_the_cost_bounds_the_values_it_makes() -> None:
+    """What a condition gives is made into Python's values: never more of them than its cost."""
+    from actions.conditions import extent_of
+
+    given_input = {"l": list(range(3000)), "s": "x" * 5000}
+    for text in (
+        "[" + ",".join(["input.l"] * 10) + "]",
+        "input.l + input.l",
+        "[input.s, input.s, input.s]",
+        "{'a': input.l, 'b': input.l}",
+    ):
+        condition = compile_condition(text)
+        made = condition.evaluate(ConditionInput({"data": None, "input": given_input}))
+        assert extent_of(made).total <= condition.cost(extent_of({"input": given_input})), text
 
 
 # Through the engine: rules, grants, the dry run, the forms
@@ -224,7 +272,7 @@ class TestThroughTheEngine:
         when = "data.items.exists(a, a in data.items)"
         TeamRule.objects.create(team=team, name="scan", when=when, then="approve")
         run = Run.objects.create(team=team, action="conditions_batch", input={"items": []})
-        pause = Pause("Pay?", {"items": list(range(1000))}, None)
+        pause = Pause("Pay?", {"items": list(range(750))}, None)
         seen: list[bool] = []
         original = Condition.evaluate
 
