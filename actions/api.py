@@ -163,12 +163,31 @@ class ActionOut(Schema):
     answer_schema: dict[str, Any] | None
 
 
+class Requires(Schema):
+    """What deciding the interrupt requires: its decision contract, settled once when it was
+    created from the action's policy, the team's, the request, the rules, routing and
+    delegation (README: How the layers combine); its `interrupted` event says what each
+    changed."""
+
+    team: str = Field(description="The team that decides it (a routing rule may have sent it on)")
+    approvals: int = Field(description="Distinct people who must approve the same answer")
+    assignees: list[str] = Field(description="Only they may decide it; empty: any member of the team")
+    requester_may_approve: bool = Field(description="False: whoever started the run may not approve it")
+    deadline: datetime | None
+    at_deadline: Literal["default_answer", "expires"] | None = Field(
+        description="What the deadline does: approve with the default answer, or expire it (the run fails)"
+    )
+    escalate_to: str | None = Field(description="The team that may decide it too from `escalate_at`")
+    escalate_at: datetime | None
+
+
 class InterruptOut(Schema):
     id: int
     seq: int
     message: str
     data: Any
     tool_call_id: str = ""
+    requires: Requires
     resume_url: str
     reject_url: str
 
@@ -232,6 +251,7 @@ class InterruptListItem(Schema):
     message: str
     data: Any
     status: str
+    requires: Requires
     created_at: datetime
     decided_by: str | None
     decided_at: datetime | None
@@ -383,7 +403,34 @@ def unknown_action(request: HttpRequest, exc: UnknownAction) -> HttpResponse:
 
 
 # The columns interrupt_out reads.
-INTERRUPT_OUT_FIELDS = ("id", "seq", "message", "data", "tool_call_id")
+# What an interrupt's contract is read from (Requires), its teams' slugs joined.
+REQUIRES_FIELDS = (
+    "team__slug",
+    "approvals_required",
+    "assignees",
+    "requester_may_approve",
+    "expires_at",
+    "default_answer",
+    "escalate_to__slug",
+    "escalate_at",
+)
+INTERRUPT_OUT_FIELDS = ("id", "seq", "message", "data", "tool_call_id", *REQUIRES_FIELDS)
+
+
+def requires_out(it: Interrupt) -> dict[str, Any]:
+    """The interrupt's decision contract (Requires), from the fields it was created with."""
+    deadline = it.expires_at
+    at_deadline = "default_answer" if it.default_answer is not None else "expires"
+    return {
+        "team": it.team.slug,
+        "approvals": it.approvals_required,
+        "assignees": list(it.assignees or []),
+        "requester_may_approve": it.requester_may_approve,
+        "deadline": deadline,
+        "at_deadline": None if deadline is None else at_deadline,
+        "escalate_to": it.escalate_to.slug if it.escalate_to_id is not None and it.escalate_to else None,
+        "escalate_at": it.escalate_at,
+    }
 
 
 def interrupt_out(request: HttpRequest, it: Interrupt) -> dict[str, Any]:
@@ -393,6 +440,7 @@ def interrupt_out(request: HttpRequest, it: Interrupt) -> dict[str, Any]:
         "message": it.message,
         "data": it.data,
         "tool_call_id": it.tool_call_id,
+        "requires": requires_out(it),
         "resume_url": request.build_absolute_uri(reverse("api:resume_interrupt", args=[it.pk])),
         "reject_url": request.build_absolute_uri(reverse("api:reject_interrupt", args=[it.pk])),
     }
@@ -412,14 +460,16 @@ def run_fields(run: Run) -> dict[str, Any]:
 
 def run_out(request: HttpRequest, run: Run, *, transcript: bool = False) -> dict[str, Any]:
     if transcript:
-        interrupts = list(run.interrupts.order_by("seq").prefetch_related("approvals__user"))
+        ordered = run.interrupts.order_by("seq").select_related("team", "escalate_to")
+        interrupts = list(ordered.prefetch_related("approvals__user"))
         pending = next((it for it in interrupts if it.status == Interrupt.Status.PENDING), None)
     elif run.status == Run.Status.INTERRUPTED:
         # The one it waits on, only while it is interrupted: its interrupts are recorded with
         # that status, and it moves on only once none is left pending. Only what interrupt_out
         # tells of it (never its checkpoint): the other columns, JSON most, cost twice the query.
         waiting_on = Interrupt.objects.filter(run_id=run.pk, status=Interrupt.Status.PENDING)
-        pending = waiting_on.only(*INTERRUPT_OUT_FIELDS).order_by("seq").first()
+        contract = waiting_on.select_related("team", "escalate_to")
+        pending = contract.only(*INTERRUPT_OUT_FIELDS).order_by("seq").first()
     else:
         pending = None
     body: dict[str, Any] = {
@@ -715,13 +765,14 @@ def list_interrupts(
     created (`since` inclusive, `until` exclusive); paged like `GET /api/runs`."""
     interrupts = (
         Interrupt.objects.filter(Interrupt.visible_to([token_of(request).team_id]))
-        .only(*INTERRUPT_LIST_FIELDS, "decided_by_name")
+        .select_related("team", "escalate_to")
+        .only(*INTERRUPT_LIST_FIELDS, *REQUIRES_FIELDS, "decided_by_name")
         .order_by("-created_at", "-id")
     )
     page = paged(interrupts.filter(status=status) if status else interrupts, query, "run__consumer")
     page["items"] = [
         {name: getattr(it, name) for name in INTERRUPT_LIST_FIELDS}
-        | {"decided_by": it.decided_by_name or None}
+        | {"requires": requires_out(it), "decided_by": it.decided_by_name or None}
         for it in page["items"]
     ]
     return page

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -820,3 +820,46 @@ def test_a_teammate_is_no_assignee_of_another_team(api: Api, other_team: Team) -
     member(other_team, "payroll1")
     refused = ask(api, assignees=["payroll1"])
     assert refused.status_code == 422 and "payroll1" in json.dumps(refused.json())
+
+
+def test_the_contract_is_settled_once_logged_by_layer_and_shown_in_the_api_and_on_the_page(
+    api: Api, team: Team, reviewer: User
+) -> None:
+    """The team's policy (separation of duties), the request (a deadline, a default answer) and
+    a rule (two approvals) each add to what deciding it requires, and the contract's last word
+    drops the default answer (two people must approve). The event says which layer changed
+    what; the API and the decision page say the result."""
+    Policy.objects.create(team=team, action="approval", requester_may_approve=False)
+    TeamRule.objects.create(
+        team=team, name="big ones", action="approval", when="data.amount > 1000.0",
+        then=TeamRule.Then.REQUIRE, approvals=2,
+    )  # fmt: skip
+    approval = ask(
+        api, data={"amount": 5000.0}, deadline_seconds=900, default_answer={"approved": True}
+    ).json()
+    it = the_interrupt(approval["id"])
+    event = RunEvent.objects.get(interrupt=it, kind="interrupted")
+    layers: dict[str, Any] = {layer["layer"]: layer["changed"] for layer in event.detail["contract"]}
+    assert list(layers) == ["team policy", "request", "rule: big ones", "contract"]
+    assert layers["team policy"] == {"requester_may_approve": False}
+    assert layers["request"] == {"deadline_seconds": 900, "default_answer": {"approved": True}}
+    assert layers["rule: big ones"] == {"approvals": 2}
+    assert layers["contract"] == {"default_answer": None}
+
+    (listed,) = api.get("/interrupts?status=pending").json()["items"]
+    requires = listed["requires"]
+    assert requires == api.get(f"/runs/{approval['id']}").json()["interrupt"]["requires"]
+    assert {k: v for k, v in requires.items() if k != "deadline"} == {
+        "team": "finance", "approvals": 2, "assignees": [], "requester_may_approve": False,
+        "at_deadline": "expires", "escalate_to": None, "escalate_at": None,
+    }  # fmt: skip
+    deadline = datetime.fromisoformat(requires["deadline"].replace("Z", "+00:00"))
+    assert it.expires_at is not None and abs(deadline - it.expires_at) < timedelta(milliseconds=1)
+
+    page = as_person(reviewer).get(f"/interrupts/{it.pk}/").content.decode()
+    assert "2 different people approving the same answer" in page and "any member of the team" in page
+    assert "may not approve it (separation of duties)" in page
+    assert "then it expires and the run fails" in page
+    assert "<strong>team policy</strong>: requester may approve: no" in page
+    assert "<strong>rule: big ones</strong>: approvals: 2" in page
+    assert "<strong>contract</strong>: default answer: none" in page

@@ -51,6 +51,7 @@ def test_every_client_method_is_an_operation_it_declares() -> None:
 MODELS = [
     grundlag_client.Run,
     grundlag_client.Interrupt,
+    grundlag_client.Requires,
     grundlag_client.Approval,
     grundlag_client.RunSummary,
     grundlag_client.InterruptSummary,

@@ -59,6 +59,42 @@ def as_requested(policy: ApprovalPolicy, requested: dict[str, Any]) -> ApprovalP
     return dataclasses.replace(policy, **requested)
 
 
+def terms(policy: ApprovalPolicy) -> dict[str, Any]:
+    """What a policy requires of deciding, in the words of the event log and the API."""
+    return {
+        "approvals": policy.approvals,
+        "assignees": list(policy.assignees),
+        "requester_may_approve": policy.requester_may_approve,
+        "automatic_approval": policy.auto_approve,
+        "deadline_seconds": int(policy.deadline.total_seconds()) if policy.deadline else None,
+        "default_answer": policy.default_answer,
+        "escalate_to": policy.escalate_to,
+    }
+
+
+_UNSET = terms(ApprovalPolicy())
+
+
+def policy_layers(
+    action_name: str, override: Policy | None, requested: dict[str, Any]
+) -> tuple[ApprovalPolicy, list[dict[str, Any]]]:
+    """The policy a new pause is decided under (the action's, as the team's ``override`` and
+    the pause's ``requested`` change it), and what each of those layers changed, for its
+    event: the decision contract's first layers (rules, routing and delegation follow in
+    rules.route)."""
+    declared = with_override(action_name, None)
+    overridden = with_override(action_name, override) if override is not None else declared
+    final = as_requested(overridden, requested)
+    layers: list[dict[str, Any]] = []
+    before = _UNSET
+    for layer, policy in (("action", declared), ("team policy", overridden), ("request", final)):
+        now = terms(policy)
+        if changed := {name: value for name, value in now.items() if before[name] != value}:
+            layers.append({"layer": layer, "changed": changed})
+        before = now
+    return final, layers
+
+
 def policy_fields(
     team_id: int, action_name: str, now: datetime, policy: ApprovalPolicy | None = None
 ) -> dict[str, Any]:

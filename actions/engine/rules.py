@@ -31,6 +31,7 @@ import contextlib
 import logging
 import secrets
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -294,6 +295,8 @@ class Routed:
     # The run's team's grants with a condition, by id: whether the condition holds (evaluated
     # with the rules, so that the event says which failed and why).
     held: dict[int, bool] = field(default_factory=dict)
+    # What the rule, delegation and the contract's last word changed (after the policies').
+    contract: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -375,19 +378,16 @@ def _hold(
 def route(
     run: Run,
     action_name: str,
-    data: Any,
-    arguments: Any,
     fields: dict[str, Any],
     policy: ApprovalPolicy,
     teams: TeamSet,
-    judged: Judged | None = None,
+    judged: Judged,
 ) -> Routed:
     """Apply the rules and delegations to a new interrupt's ``fields`` (policies.policy_fields),
-    and say what decides it, if anything does, from what ``judge`` said of its conditions (again
-    here only when the team's rules changed since). Grants are looked at once it is inserted
-    (``grant_for``), where the granter's right to decide it can be checked."""
-    if judged is None or judged.version != teams.version:
-        judged = judge(run, action_name, data, arguments, policy, teams)
+    and say what decides it, if anything does, from what ``judge`` said of its conditions
+    before the transaction (none is evaluated here, under its write lock; ``teams`` is what
+    they were judged with). Grants are looked at once it is inserted (``grant_for``), where the
+    granter's right to decide it can be checked."""
     routed = Routed(dict(fields), teams=teams, given=judged.given)
     verdict = judged.verdict
     if verdict.failed:
@@ -395,13 +395,42 @@ def route(
         routed.note["rule_failed"] = {"rule": verdict.failed, "error": verdict.error}
     elif verdict.rule is not None:
         _apply(run, routed, verdict.rule, action_name, policy)
+        _changed(routed, f"rule: {verdict.rule.name}", fields)
     if routed.decision is None and "rule_failed" not in routed.note:
         routed.held = judged.held
         if judged.grant_failed:
             routed.note["grant_failed"] = list(judged.grant_failed)
+    before = dict(routed.fields)
     routed.fields["assignees"] = _delegated(run, routed, policy)
+    _changed(routed, "delegation", before)
+    before = dict(routed.fields)
     _settle(routed)
+    _changed(routed, "contract", before)
     return routed
+
+
+# An interrupt's fields that make its decision contract, by their name in the event log.
+CONTRACT_FIELDS = {
+    "team_id": "team",
+    "approvals_required": "approvals",
+    "assignees": "assignees",
+    "requester_may_approve": "requester_may_approve",
+    "expires_at": "deadline",
+    "default_answer": "default_answer",
+    "escalate_to_id": "escalate_to",
+}
+
+
+def _changed(routed: Routed, layer: str, before: dict[str, Any]) -> None:
+    """Log what ``layer`` changed of the contract: the fields that differ from ``before``."""
+    changed = {}
+    for name, said in CONTRACT_FIELDS.items():
+        if (value := routed.fields.get(name)) != before.get(name):
+            if name in ("team_id", "escalate_to_id") and value is not None:
+                value = Team.objects.filter(pk=value).values_list("slug", flat=True).first()
+            changed[said] = value.isoformat() if isinstance(value, datetime) else value
+    if changed:
+        routed.contract.append({"layer": layer, "changed": changed})
 
 
 def _settle(routed: Routed) -> None:
@@ -628,9 +657,14 @@ def settle(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPolic
         )
 
 
-def event_detail(routed: Routed) -> dict[str, Any]:
-    """What the interrupt's event says of its rules and delegations."""
-    return dict(routed.note)
+def event_detail(routed: Routed, layers: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """What the interrupt's event says of its rules and delegations, and under ``contract``
+    what each layer changed of what deciding it requires (``layers``: the policies', from
+    policies.policy_layers; then the rule's, delegation's and the contract's own)."""
+    detail = dict(routed.note)
+    if contract := [*layers, *routed.contract]:
+        detail["contract"] = contract
+    return detail
 
 
 # Dry run

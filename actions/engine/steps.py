@@ -46,7 +46,7 @@ from actions.engine.journal import (
     report_internal_error,
     step_ran,
 )
-from actions.engine.policies import as_requested, policy_fields, with_override
+from actions.engine.policies import policy_fields, policy_layers
 from actions.models import Actor, ApiToken, Interrupt, Run, RunEvent, Team, actor_name, actor_user
 
 logger = logging.getLogger(__name__)
@@ -447,6 +447,7 @@ class _Judged:
     pause: Pause
     action: str
     policy: ApprovalPolicy
+    layers: list[dict[str, Any]]  # what the action, the team's policy and the request set
     teams: rules.TeamSet
     said: rules.Judged
 
@@ -461,11 +462,11 @@ def _judged(run: Run, result: StepResult) -> list[_Judged]:
     for pause in result.pauses:
         action_name = pause.action or run.action
         override, version, slug = store.team_policy(run.team_id, action_name)
-        policy = as_requested(with_override(action_name, override), pause.policy)
+        policy, layers = policy_layers(action_name, override, pause.policy)
         teams = rules.team_set(run.team_id, (version, slug))
         said = rules.judge(run, action_name, pause.data, pause.arguments, policy, teams, spent)
         spent = said.given.spent if said.given is not None else spent
-        judged.append(_Judged(pause, action_name, policy, teams, said))
+        judged.append(_Judged(pause, action_name, policy, layers, teams, said))
     return judged
 
 
@@ -497,9 +498,7 @@ def _record(
                 fields = policy_fields(run.team_id, action_name, now, policy) | {
                     "answer_schema": pause.answer_schema
                 }
-                routed = rules.route(
-                    run, action_name, pause.data, pause.arguments, fields, policy, each.teams, each.said
-                )
+                routed = rules.route(run, action_name, fields, policy, each.teams, each.said)
                 interrupt = Interrupt(
                     run_id=run.pk,
                     action=action_name,
@@ -518,7 +517,7 @@ def _record(
                     None,
                     interrupt,
                     seq=interrupt.seq,
-                    **rules.event_detail(routed),
+                    **rules.event_detail(routed, each.layers),
                 )
                 inbox_changed("interrupt", interrupt, before=(), after=[interrupt.team_id])
                 created.append((interrupt, routed, policy))

@@ -192,25 +192,55 @@ def interrupt_detail(request: AuthenticatedRequest, pk: int) -> HttpResponse:
         if interrupt.is_pending and request.GET.get("known") == "pending":
             return HttpResponse(status=204)
         return render(request, "actions/partials/decision.html", _decision_context(request, interrupt))
-    earlier = interrupt.run.interrupts.filter(seq__lt=interrupt.seq).order_by("seq")
-    context = _decision_context(request, interrupt, earlier=earlier, run=interrupt.run)
-    return render(request, "actions/interrupt.html", {**_comments_context(request, interrupt), **context})
+    return _page(request, interrupt)
 
 
 def _render_decision(
     request: AuthenticatedRequest, interrupt: Interrupt, status: int = 200, **extra: Any
 ) -> HttpResponse:
-    context = _decision_context(request, interrupt, **extra)
     if _htmx(request):
         # htmx swaps only 2xx responses: errors are shown in the fragment, with a 200.
+        context = _decision_context(request, interrupt, **extra)
         return render(request, "actions/partials/decision.html", context)
+    return _page(request, interrupt, status, **extra)
+
+
+def _page(
+    request: AuthenticatedRequest, interrupt: Interrupt, status: int = 200, **extra: Any
+) -> HttpResponse:
+    """The interrupt's whole page: what is asked, the decision, what deciding it requires and
+    how that was settled, the discussion, and the run's earlier pauses."""
     earlier = interrupt.run.interrupts.filter(seq__lt=interrupt.seq).order_by("seq")
-    return render(
-        request,
-        "actions/interrupt.html",
-        {**_comments_context(request, interrupt), **context, "earlier": earlier, "run": interrupt.run},
-        status=status,
+    layers = contract_layers(interrupt)
+    context = _decision_context(
+        request, interrupt, earlier=earlier, run=interrupt.run, contract_layers=layers, **extra
     )
+    return render(
+        request, "actions/interrupt.html", {**_comments_context(request, interrupt), **context}, status=status
+    )
+
+
+def contract_layers(interrupt: Interrupt) -> list[tuple[str, str]]:
+    """What each layer (the action, the team's policy, the request, a rule, delegation, the
+    contract's last word) changed of what deciding ``interrupt`` requires, as its
+    `interrupted` event logged it: (layer, "what: value, ...")."""
+    logged = RunEvent.objects.filter(interrupt=interrupt, kind=RunEvent.Kind.INTERRUPTED)
+    detail = logged.values_list("detail", flat=True).first() or {}
+    shown = []
+    for layer in detail.get("contract", []):
+        changes = []
+        for name, value in layer.get("changed", {}).items():
+            if isinstance(value, list):
+                value = ", ".join(map(str, value)) or "none"
+            elif value is None:
+                value = "none"
+            elif isinstance(value, bool):
+                value = "yes" if value else "no"
+            elif not isinstance(value, (int, str)):
+                value = json.dumps(value)
+            changes.append(f"{name.replace('_', ' ')}: {value}")
+        shown.append((str(layer.get("layer", "")), "; ".join(changes)))
+    return shown
 
 
 def _decided(request: AuthenticatedRequest, interrupt: Interrupt, text: str) -> HttpResponse:

@@ -32,6 +32,7 @@ __all__ = [
     "Interrupt",
     "InterruptSummary",
     "Rejected",
+    "Requires",
     "Run",
     "RunSummary",
     "TimedOut",
@@ -91,6 +92,29 @@ class Model:
 
 
 @dataclass(frozen=True)
+class Requires(Model):
+    """What deciding an interrupt requires (its decision contract, settled when it was made):
+    the team that decides it, how many distinct people must approve the same answer, who alone
+    may (``assignees``; empty: any member), whether the requester may approve, the deadline and
+    what it does (``"default_answer"`` or ``"expires"``), and escalation."""
+
+    SCHEMA = "Requires"
+    team: str
+    approvals: int
+    assignees: list[str]
+    requester_may_approve: bool
+    deadline: str | None
+    at_deadline: str | None
+    escalate_to: str | None
+    escalate_at: str | None
+
+
+def _with_requires(model: T, body: dict[str, Any]) -> T:
+    requires = body.get("requires")
+    return model if requires is None else _replace(model, requires=Requires.from_json(requires))
+
+
+@dataclass(frozen=True)
 class Interrupt(Model):
     """A pause a run waits on: answer it with ``Client.resume`` or ``Client.reject``."""
 
@@ -102,6 +126,11 @@ class Interrupt(Model):
     resume_url: str
     reject_url: str
     tool_call_id: str = ""
+    requires: Requires | None = None  # None from a server older than 2026-12
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> Interrupt:
+        return _with_requires(super().from_json(body), body)
 
 
 @dataclass(frozen=True)
@@ -177,6 +206,11 @@ class InterruptSummary(Model):
     created_at: str
     decided_by: str | None
     decided_at: str | None
+    requires: Requires | None = None  # None from a server older than 2026-12
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> InterruptSummary:
+        return _with_requires(super().from_json(body), body)
 
 
 def _replace(model: T, **changes: Any) -> T:
