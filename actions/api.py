@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Count
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import reverse
 from ninja import NinjaAPI, Query, Schema, Status
 from ninja.errors import HttpError
@@ -100,6 +100,41 @@ DOES_NOT_FIT = {
 }
 
 
+class KnownQueryParameters:
+    """Django middleware, for /api/: a query parameter the operation does not take is refused
+    with 422 naming it (``?statuss=pending`` would otherwise list everything), as a body field
+    it does not take is. What each operation takes is read from the API's OpenAPI document,
+    so the two cannot differ."""
+
+    def __init__(self, get_response: Any) -> None:
+        self.get_response = get_response
+        self.taken: list[tuple[str, re.Pattern[str], frozenset[str]]] | None = None
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if request.GET and request.path_info.startswith("/api/"):
+            known = self.known(request.method or "", request.path_info)
+            if known is not None and (unknown := sorted(set(request.GET) - known)):
+                said = "not a parameter of this operation"
+                errors = [{"loc": ["query", name], "msg": said, "type": "extra"} for name in unknown]
+                return JsonResponse({"detail": errors}, status=422)
+        return self.get_response(request)
+
+    def known(self, method: str, path: str) -> frozenset[str] | None:
+        """The query parameters the operation at ``path`` takes; None when it is not one."""
+        if self.taken is None:
+            taken = []
+            for template, operations in api.get_openapi_schema()["paths"].items():
+                pattern = re.compile("^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)) + "$")
+                for verb, operation in operations.items():
+                    query = [p["name"] for p in operation.get("parameters", []) if p.get("in") == "query"]
+                    taken.append((verb.upper(), pattern, frozenset(query)))
+            self.taken = taken
+        for verb, pattern, known in self.taken:
+            if verb == method and pattern.match(path):
+                return known
+        return None
+
+
 def _document(responses: dict[Any, Any], code: int, response: dict[str, Any]) -> None:
     """Add ``code`` unless the operation documents it already (ninja keys its own by number)."""
     if code not in responses and str(code) not in responses:
@@ -116,8 +151,8 @@ class Api(NinjaAPI):
                 _document(operation["responses"], 429, {**RATE_LIMITED, "content": error})
                 if operation.get("security"):
                     _document(operation["responses"], 401, {**UNAUTHORIZED, "content": error})
-                if operation.get("parameters") or operation.get("requestBody"):
-                    _document(operation["responses"], 422, {**DOES_NOT_FIT, "content": error})
+                # Any operation: a query parameter it does not take is refused (KnownQueryParameters).
+                _document(operation["responses"], 422, {**DOES_NOT_FIT, "content": error})
             if "post" in operations:
                 post = operations["post"]
                 post.setdefault("parameters", []).extend([IDEMPOTENCY_KEY, PREFER_WAIT])

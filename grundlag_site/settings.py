@@ -127,6 +127,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "actions.web.middleware.ApiJsonErrorsMiddleware",
     "actions.web.middleware.RequestSizeLimitMiddleware",
+    # An API query parameter the operation does not take: 422, before anything is recorded.
+    "actions.api.KnownQueryParameters",
     # Before the API's views, after the size limit: a retried POST is answered as it was first.
     "actions.web.middleware.IdempotencyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",

@@ -61,6 +61,24 @@ def test_actions_are_listed_with_input_and_answer_schemas(api: Api) -> None:
     assert "ticket" in actions["delete_customer_data"]["answer_schema"]["properties"]
 
 
+def test_a_query_parameter_the_operation_does_not_take_is_refused_naming_it(api: Api) -> None:
+    """A misspelt filter (?statuss=pending) listed everything; a parameter of no operation was
+    ignored (issue 36): each is refused, with what the operation does take left to its own
+    checks, and a refused POST starts nothing."""
+    assert api.get("/runs?status=completed&limit=5").status_code == 200
+    refused = api.get("/runs?statuss=pending&limit=5")
+    assert refused.status_code == 422
+    assert refused.json()["detail"] == [
+        {"loc": ["query", "statuss"], "msg": "not a parameter of this operation", "type": "extra"}
+    ]
+    assert api.get("/actions?x=1").status_code == 422  # an operation that takes none
+    started = api.post("/runs?debug=1", {"action": "noted", "input": {"text": "x"}})
+    assert started.status_code == 422 and started.json()["detail"][0]["loc"] == ["query", "debug"]
+    assert not Run.objects.exists()
+    document = api.client.get("/api/openapi.json").json()
+    assert "422" in document["paths"]["/api/actions"]["get"]["responses"]
+
+
 def test_a_run_is_answered_over_http_and_completes(api: Api) -> None:
     started = api.post("/runs", {"action": "send_invoice", "input": {"invoice_id": "A-1", "amount": 10}})
     assert started.status_code == 200
