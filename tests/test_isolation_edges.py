@@ -45,6 +45,8 @@ EMBEDDING_A_PRIVATE_ADDRESS = [
     "2600::5efe:a00:1",  # ISATAP: 10.0.0.1
     "2600::200:5efe:7f00:1",  # ISATAP, the universal/local bit set: 127.0.0.1
     "fec0::1",  # site-local (deprecated, still routed inside some networks)
+    "3fff::1",  # documentation (RFC 9637)
+    "5f00::1",  # SRv6 SIDs (RFC 9602)
 ]
 # Each carries a public IPv4 address: as public as it.
 EMBEDDING_A_PUBLIC_ADDRESS = [

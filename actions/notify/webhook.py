@@ -35,9 +35,13 @@ _LAST_32_BITS = (
 # NAT64's local-use prefix (RFC 8215): a site's own translator, with the IPv4 address wherever the
 # site's prefix length puts it, so there is no one place to read it from. Never public.
 _LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")
-# Site-local (deprecated by RFC 3879, and still routed inside some networks): Python 3.11 calls
-# it global.
-_SITE_LOCAL = ipaddress.IPv6Network("fec0::/10")
+# Not global, though Python 3.11 calls them so: site-local (deprecated by RFC 3879, and still
+# routed inside some networks), the documentation prefix of RFC 9637 and SRv6's SIDs (RFC 9602).
+_NOT_GLOBAL = (
+    ipaddress.IPv6Network("fec0::/10"),
+    ipaddress.IPv6Network("3fff::/20"),
+    ipaddress.IPv6Network("5f00::/16"),
+)
 PRIVATE = (
     "resolves to a private, loopback or link-local address (GRUNDLAG_WEBHOOK_ALLOW_PRIVATE=true allows it)"
 )
@@ -68,7 +72,7 @@ def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     if address.is_multicast:
         return False
     if isinstance(address, ipaddress.IPv6Address):
-        if address in _LOCAL_NAT64 or address in _SITE_LOCAL:
+        if address in _LOCAL_NAT64 or any(address in network for network in _NOT_GLOBAL):
             return False
         embedded = _embedded(address)
         if embedded is not None:
