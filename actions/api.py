@@ -123,7 +123,8 @@ class KnownQueryParameters:
         """The query parameters the operation at ``path`` takes; None when it is not one."""
         if self.taken is None:
             taken = []
-            for template, operations in api.get_openapi_schema()["paths"].items():
+            # Its paths as Django routes them (path_info), whatever prefix the site is served under.
+            for template, operations in api.get_openapi_schema(path_prefix="/api/")["paths"].items():
                 pattern = re.compile("^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)) + "$")
                 for verb, operation in operations.items():
                     query = [p["name"] for p in operation.get("parameters", []) if p.get("in") == "query"]
@@ -206,8 +207,13 @@ class Requires(Schema):
 
     team: str = Field(description="The team that decides it (a routing rule may have sent it on)")
     approvals: int = Field(description="Distinct people who must approve the same answer")
-    assignees: list[str] = Field(description="Only they may decide it; empty: any member of the team")
-    requester_may_approve: bool = Field(description="False: whoever started the run may not approve it")
+    assignees: list[str] = Field(
+        description="Only they may decide it (and no API token); empty: any member of the team (or its "
+        "token, where one approval does). Empty too where a rule routed it to another team: that team's"
+    )
+    requester_may_approve: bool = Field(
+        description="False: whoever started the run may not approve it, nor may an API token (not a person)"
+    )
     deadline: datetime | None
     at_deadline: Literal["default_answer", "expires"] | None = Field(
         description="What the deadline does: approve with the default answer, or expire it (the run fails)"
@@ -448,23 +454,27 @@ REQUIRES_FIELDS = (
     "default_answer",
     "escalate_to__slug",
     "escalate_at",
+    "escalated_at",
 )
 INTERRUPT_OUT_FIELDS = ("id", "seq", "message", "data", "tool_call_id", *REQUIRES_FIELDS)
 
 
-def requires_out(it: Interrupt) -> dict[str, Any]:
-    """The interrupt's decision contract (Requires), from the fields it was created with."""
+def requires_out(it: Interrupt, viewer: int) -> dict[str, Any]:
+    """The interrupt's decision contract (Requires), from the fields it was created with, as
+    the token of team ``viewer`` may see it: routed to another team (by a rule of its own), who
+    there may decide it and where it escalates are that team's."""
     deadline = it.expires_at
     at_deadline = "default_answer" if it.default_answer is not None else "expires"
+    theirs = viewer not in it.team_ids
     return {
         "team": it.team.slug,
         "approvals": it.approvals_required,
-        "assignees": list(it.assignees or []),
+        "assignees": [] if theirs else list(it.assignees or []),
         "requester_may_approve": it.requester_may_approve,
         "deadline": deadline,
         "at_deadline": None if deadline is None else at_deadline,
-        "escalate_to": it.escalate_to.slug if it.escalate_to_id is not None and it.escalate_to else None,
-        "escalate_at": it.escalate_at,
+        "escalate_to": it.escalate_to.slug if not theirs and it.escalate_to_id and it.escalate_to else None,
+        "escalate_at": None if theirs else it.escalate_at,
     }
 
 
@@ -475,7 +485,7 @@ def interrupt_out(request: HttpRequest, it: Interrupt) -> dict[str, Any]:
         "message": it.message,
         "data": it.data,
         "tool_call_id": it.tool_call_id,
-        "requires": requires_out(it),
+        "requires": requires_out(it, token_of(request).team_id),
         "resume_url": request.build_absolute_uri(reverse("api:resume_interrupt", args=[it.pk])),
         "reject_url": request.build_absolute_uri(reverse("api:reject_interrupt", args=[it.pk])),
     }
@@ -798,8 +808,9 @@ def list_interrupts(
     """The team's interrupts (and those escalated to it), newest first, filtered by `status`
     (`?status=pending`: the open questions), `action`, the run's `consumer` and when they were
     created (`since` inclusive, `until` exclusive); paged like `GET /api/runs`."""
+    token = token_of(request)
     interrupts = (
-        Interrupt.objects.filter(Interrupt.visible_to([token_of(request).team_id]))
+        Interrupt.objects.filter(Interrupt.visible_to([token.team_id]))
         .select_related("team", "escalate_to")
         .only(*INTERRUPT_LIST_FIELDS, *REQUIRES_FIELDS, "decided_by_name")
         .order_by("-created_at", "-id")
@@ -807,7 +818,7 @@ def list_interrupts(
     page = paged(interrupts.filter(status=status) if status else interrupts, query, "run__consumer")
     page["items"] = [
         {name: getattr(it, name) for name in INTERRUPT_LIST_FIELDS}
-        | {"requires": requires_out(it), "decided_by": it.decided_by_name or None}
+        | {"requires": requires_out(it, token.team_id), "decided_by": it.decided_by_name or None}
         for it in page["items"]
     ]
     return page

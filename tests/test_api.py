@@ -110,6 +110,7 @@ def test_a_paused_runs_description_reads_the_run_and_its_interrupt_in_one_query_
         "/runs", {"action": "send_invoice", "input": {"invoice_id": "Q-1", "amount": 3}}
     ).json()
     request = RequestFactory().get("/")
+    request.auth = ApiToken.objects.get()  # type: ignore[attr-defined]  # as ninja's auth sets it
     run = Run.objects.get(pk=started["id"])
     with django_assert_num_queries(1):
         described = endpoints.run_out(request, run)

@@ -863,3 +863,19 @@ def test_the_contract_is_settled_once_logged_by_layer_and_shown_in_the_api_and_o
     assert "<strong>team policy</strong>: requester may approve: no" in page
     assert "<strong>rule: big ones</strong>: approvals: 2" in page
     assert "<strong>contract</strong>: default answer: none" in page
+
+
+def test_a_routed_interrupts_contract_tells_the_asking_team_nothing_of_the_other_teams_people(
+    api: Api, other_api: Api, team: Team, other_team: Team
+) -> None:
+    member(other_team, "payroll9")
+    Policy.objects.create(team=other_team, action="approval", assignees="payroll9")
+    TeamRule.objects.create(
+        team=team, name="to payroll", action="approval", when="true",
+        then=TeamRule.Then.ROUTE, route_to=other_team,
+    )  # fmt: skip
+    approval = ask(api).json()
+    asked = api.get(f"/runs/{approval['id']}").json()["interrupt"]["requires"]
+    assert (asked["team"], asked["assignees"], asked["escalate_to"]) == ("payroll", [], None)
+    (theirs,) = other_api.get("/interrupts?status=pending").json()["items"]
+    assert theirs["requires"]["assignees"] == ["payroll9"]

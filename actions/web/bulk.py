@@ -103,12 +103,14 @@ def _decide_one(request: AuthenticatedRequest, interrupt: Interrupt, verb: str, 
     try:
         if verb == "approve":
             answer = {"approved": True, "comment": form.cleaned_data["comment"]}
-            decided = engine.resume(interrupt, answer, request.user, via="bulk")
+            made = engine.approve(interrupt, answer, request.user, via="bulk")
+            decided = made.interrupt
             if decided.is_pending:
-                counted = len(engine.counted_approvals(decided))
-                return Line(
-                    decided, "approve", f"Approved: {counted} of {decided.approvals_required} approvals."
-                )
+                counted = f"{made.approvals} of {decided.approvals_required} approvals"
+                if made.restarted:
+                    again = ", ".join(made.restarted)
+                    return Line(decided, "approve", f"Approved: another answer than {again}'s, so {counted}.")
+                return Line(decided, "approve", f"Approved: {counted}.")
             return Line(decided, "approve", "Approved.")
         decided = engine.reject(interrupt, form.cleaned_data["reason"], request.user, via="bulk")
         return Line(decided, "reject", "Rejected.")

@@ -100,11 +100,13 @@ def _decide(request: HttpRequest, notification: Notification, context: dict[str,
     try:
         if approving:
             assert not isinstance(form, RejectForm)
-            decided = engine.resume(interrupt, form.payload(), person, via="email", also=use_link)
+            made = engine.approve(interrupt, form.payload(), person, via="email", also=use_link)
+            decided, counted = made.interrupt, made.approvals
         else:
             decided = engine.reject(
                 interrupt, form.cleaned_data["reason"], person, via="email", also=use_link
             )
+            counted = 0
     except LinkUsed:
         notification.refresh_from_db(fields=["link_used_at"])
         return _page(request, 410, problem="used", used_at=notification.link_used_at, **context)
@@ -125,8 +127,7 @@ def _decide(request: HttpRequest, notification: Notification, context: dict[str,
             else 503
         )
         return _page(request, status, error=str(exc), **forms, **context)
-    counted = len(engine.counted_approvals(decided)) if decided.is_pending else 0
-    return _page(request, 200, done=decided, counted=counted, **context)
+    return _page(request, 200, done=decided, counted=counted if decided.is_pending else 0, **context)
 
 
 class LinkUsed(Exception):

@@ -368,7 +368,7 @@ def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     if decided.interrupt.is_pending and decided.restarted:
         text = (
             f"Your answer differs from the one {', '.join(decided.restarted)} approved, so the count starts "
-            f"again from yours: 1 of {decided.interrupt.approvals_required} approvals."
+            f"again from yours: {decided.approvals} of {decided.interrupt.approvals_required} approvals."
         )
         return _decided(request, interrupt, text)
     if decided.interrupt.is_pending:

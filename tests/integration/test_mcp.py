@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import subprocess
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -409,21 +411,36 @@ def test_the_typescript_sdk_calls_a_tool_as_a_task_and_gets_its_result_once_appr
         stderr=subprocess.PIPE,
         text=True,
     )
+
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for each in call.stdout or ():
+            lines.put(each)
+
+    threading.Thread(target=read, daemon=True).start()
+
+    def line() -> Any:
+        """The client's next message, within a minute (a client stuck must fail the test)."""
+        try:
+            return json.loads(lines.get(timeout=60))
+        except queue.Empty:
+            raise AssertionError("the TypeScript client said nothing for 60 s") from None
+
     try:
-        assert call.stdout is not None
-        said = [json.loads(call.stdout.readline())]
+        said = [line()]
         tools = {tool["name"]: tool for tool in said[0]["tools"]}
         assert tools["send_invoice"]["taskSupport"] == "optional"
-        said.append(json.loads(call.stdout.readline()))
+        said.append(line())
         assert said[-1]["type"] == "taskCreated", said
         task_id = said[-1]["task"]["taskId"]
         (run,) = runs(web, site)
         decide(web, pending_interrupt(web, site, run["id"]), approve=True, fields={"answer-comment": "ts"})
-        out, err = call.communicate(timeout=120)
+        while said[-1]["type"] not in ("result", "error"):
+            said.append(line())
+        assert call.wait(timeout=60) == 0, call.stderr.read() if call.stderr else ""
     finally:
         call.kill()
-    assert call.returncode == 0, err
-    said += [json.loads(line) for line in out.splitlines()]
     statuses = [m["task"]["status"] for m in said if m["type"] == "taskStatus"]
     assert set(statuses) <= {"working", "completed"}, statuses
     assert said[-1]["type"] == "result", said[-1]
