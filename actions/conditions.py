@@ -28,9 +28,10 @@ import cel
 CONDITION_VARIABLES = ("data", "input", "action", "team", "requester")
 MAX_CONDITION_CHARS = 2000
 MAX_MACRO_NESTING = 2
-# The slowest conditions measured take about 18 ns a step (making a result of long strings into
-# Python's; walks and compares 2 to 10 ns) on one core of the reference machine: 2,000,000 steps
-# is at most about 0.05 s of evaluation, however the condition is written (bench/RESULTS.md).
+# The slowest conditions measured take 40 to 60 ns a step (compiling a written pattern with a
+# large repeated class; making a long list into Python's values), most 2 to 10 ns, on one core
+# of the reference machine: 2,000,000 steps is at most about 0.1 s of evaluation, however the
+# condition is written (python -m bench.conditions; bench/RESULTS.md).
 CONDITION_BUDGET = 2_000_000
 
 MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
@@ -41,7 +42,11 @@ _WALKS = frozenset(
 )
 # A string of this many characters costs about one step to read; "+" copies each character.
 _CHARS_A_STEP = 64
-_READS, _COPIES, _MATCHES, _MATCHES_WRITTEN = 1, 2, 3, 4
+_READS, _COPIES, _MATCHES, _MATCHES_WRITTEN, _NAMES, _PARSES = 1, 2, 3, 4, 5, 6
+# Functions that parse a string character by character (about a step a character).
+_PARSERS = frozenset({"duration", "timestamp"})
+# Matching a string: a pattern's automaton (a repeated class is large) steps over each character.
+_MATCH_STEPS_A_CHAR = 256
 # "matches" compiles its pattern at each evaluation: one written in the condition (at most its
 # 2,000 characters, a Unicode class repeated) takes up to 60 ms, whatever it is matched against;
 # two in one budget at most.
@@ -226,6 +231,16 @@ def shape_of(text: str) -> Shape:
                 work = _COPIES
             elif token.text in _WALKS:
                 work = _READS
+            elif token.text in _PARSERS and after is not None and after.text == "(":
+                work = _PARSES
+            elif (
+                token.kind == "name"
+                and token.text in CONDITION_VARIABLES
+                and (before is None or before.text != ".")
+            ):
+                # The evaluator makes a list or map it reads anew at each reading (a comprehension
+                # naming data in its body rebuilds what it reads of it at each step).
+                work = _NAMES
         levels.append((depth, work))
     names = tuple(name for _, name in bare)
     return Shape(nesting, widest, joins, tuple(levels), tuple(collects), frozenset(bound), names)
@@ -307,12 +322,15 @@ class Condition:
         longest = extent.longest * grows
         values = (max(extent.total, 1) * refs + shape.widest_literal) * grows  # "==" may walk all
         chars = refs * (1 + longest // _CHARS_A_STEP)  # and read each copy's longest string
+        matching = values + chars + MATCHES_STEPS + refs * longest * _MATCH_STEPS_A_CHAR
         each = {
             0: 1,
             _READS: values + chars,
             _COPIES: max(size, longest),
-            _MATCHES_WRITTEN: values + chars + MATCHES_STEPS,
-            _MATCHES: values + chars + MATCHES_STEPS + refs * longest**2 // _PATTERN_SQUARE_A_STEP,
+            _NAMES: max(extent.total, 1) * grows,
+            _PARSES: values + refs * longest,
+            _MATCHES_WRITTEN: matching,
+            _MATCHES: matching + refs * longest**2 // _PATTERN_SQUARE_A_STEP,
         }
         steps = sum(int(size**depth) * each[work] for depth, work in shape.levels)
         whole, part = values, max(extent.element, shape.widest_literal, 1) * grows

@@ -594,7 +594,7 @@ GRUNDLAG_MAX_WAITS_PER_TOKEN = envint("GRUNDLAG_MAX_WAITS_PER_TOKEN", "2", minim
 # keep a client's read timeout from ever firing); then it answers that the task is still working.
 GRUNDLAG_MCP_RESULT_HOLD_SECONDS = envfloat("GRUNDLAG_MCP_RESULT_HOLD_SECONDS", "60", minimum=0)
 # Steps rules' and grants' conditions may take for one step's pauses, all of them together
-# (actions.conditions: bounded before it runs, about 0.05 s at most). One that could take more is
+# (actions.conditions: bounded before it runs, about 0.1 s at most). One that could take more is
 # not evaluated: the interrupt is left to people and its event says why. One whose own lists
 # already take more is refused when it is saved.
 GRUNDLAG_CONDITION_BUDGET = envint("GRUNDLAG_CONDITION_BUDGET", "2000000", minimum=1000)

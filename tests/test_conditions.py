@@ -144,10 +144,30 @@ def test_a_pattern_read_from_the_data_costs_the_square_of_its_length() -> None:
         read.evaluate(ConditionInput({"data": None, "input": long}))
     with pytest.raises(ConditionTooCostly):
         compile_condition('matches(input.s, "^x")').evaluate(ConditionInput({"data": None, "input": long}))
-    written = compile_condition('input.s.matches("^x+$")')  # its own size: evaluated
-    assert written.evaluate(ConditionInput({"data": None, "input": long})) is True
+    # A pattern written in the condition costs its compilation, and a walk of its automaton over
+    # each character matched ("\\w{200}z" over 240,000 characters took 0.6 s).
+    written = compile_condition('input.s.matches("^x+$")')
+    with pytest.raises(ConditionTooCostly):
+        written.evaluate(ConditionInput({"data": None, "input": long}))
+    assert written.evaluate(ConditionInput({"data": None, "input": {"s": "x" * 2000}})) is True
     short = ConditionInput({"data": None, "input": {"s": "x" * 300}})
     assert read.evaluate(short) is True  # a short pattern from the data is
+
+
+@pytest.mark.parametrize(
+    "text, values",
+    [
+        # The second review's: duration() parses each character (13 s costed at 7 % of the budget)...
+        ('input.l.exists(x, has({"a": duration(input.s)}.b))', {"s": "1h" * 60_000, "l": [0] * 5000}),
+        # ...and a comprehension naming input in its body made it anew at each step (5 s at 16 %).
+        ('input.l.exists(x, has({"a": input}.b))', {"l": [0] * 15_000}),
+    ],
+)
+def test_parsing_and_naming_a_variable_inside_a_comprehension_count(text: str, values: Any) -> None:
+    with pytest.raises(ConditionTooCostly):
+        compile_condition(text).evaluate(ConditionInput({"data": None, "input": values}))
+    honest = compile_condition("data.items.exists(i, i > data.limit)")
+    assert honest.evaluate(given({"items": list(range(200)), "limit": 150})) is True
 
 
 def test_the_cost_bounds_the_values_it_makes() -> None:
