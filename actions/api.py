@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Annotated, Any, Literal
 
 from django.conf import settings
@@ -765,6 +765,31 @@ class ListQuery(Schema):
         return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
 
 
+class HistoryQuery(Schema):
+    q: str = Field("", description="Every word of it, in the message, data, answer, reason, comments, input")
+    status: InterruptStatus | None = None
+    action: str = ""
+    decided_by: str = ""
+    run: int | None = Field(None, ge=1, description="One run's decisions")
+    since: date | None = Field(None, description="Created on or after this day (YYYY-MM-DD)")
+    until: date | None = Field(None, description="Created on or before this day (YYYY-MM-DD)")
+    team: str = ""
+    after: str = Field("", description="The `next` of the page before")
+
+    @field_validator("since", "until", mode="before")
+    @classmethod
+    def _a_day(cls, value: Any) -> Any:
+        """A day as documented: pydantic would also read a number (`?until=0`) as 1970's."""
+        if value is None or isinstance(value, date):
+            return value
+        if not isinstance(value, str) or not _ISO_DAY.fullmatch(value):
+            raise ValueError("a day, such as 2026-12-06")
+        return value
+
+
+_ISO_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
 def paged(rows: Any, query: ListQuery, consumer: str) -> dict[str, Any]:
     """One page of ``rows`` (newest first) as ``query`` filters it (``consumer``: the field that
     holds the run's consumer)."""
@@ -868,27 +893,19 @@ class HistoryPage(Schema):
 
 
 @api.get("/history", response={200: HistoryPage, 403: Error}, tags=["audit"])
-def read_history(
-    request: HttpRequest,
-    q: str = "",
-    status: str = "",
-    action: str = "",
-    decided_by: str = "",
-    run: str = "",
-    since: str = "",
-    until: str = "",
-    team: str = "",
-    after: str = "",
-) -> dict[str, Any]:
+def read_history(request: HttpRequest, query: Query[HistoryQuery]) -> dict[str, Any]:
     """The team's decided history, newest first, 50 a page: searched (`q`: every word, in the
     message, data, answer, reason, comments and the run's input) and filtered as the history
-    page is. Another team's history is refused (403)."""
+    page is, a filter's bad value refused (422). Another team's history is refused (403)."""
     from actions.web import history
 
     token = token_of(request)
+    after = query.after
     params = {
-        "q": q, "status": status, "action": action, "decided_by": decided_by, "run": run,
-        "since": since, "until": until, "team": team,
+        "q": query.q, "status": query.status or "", "action": query.action, "decided_by": query.decided_by,
+        "run": query.run or "", "team": query.team,
+        "since": query.since.isoformat() if query.since else "",
+        "until": query.until.isoformat() if query.until else "",
     }  # fmt: skip
     try:
         interrupts, applied = history.filtered(params, [token.team_id])

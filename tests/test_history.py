@@ -93,6 +93,11 @@ def test_a_member_reads_their_own_teams_decided_history_only(
         ("API token ci", [team.pk]),
         ("API token payroll-ci", [other_team.pk]),
     ], "each read through the API is recorded, as an export is"
+    # A filter's bad value is refused, not read as no filter (the page shows it empty instead).
+    for bad in ({"until": "0"}, {"since": "2026-12-06T10:00:00"}, {"status": "eaten"}, {"run": "x"}):
+        response = client.get("/api/history", bad, headers=api)
+        assert response.status_code == 422 and response.json()["detail"][0]["loc"][-1] in bad, bad
+    assert len(client.get("/api/history", {"since": "2000-01-01"}, headers=api).json()["items"]) == 3
 
 
 def test_history_pages_by_keyset_with_a_fixed_number_of_queries(
