@@ -303,10 +303,8 @@ class Routed:
 class Judged:
     """What the conditions say of one pause: the rules' verdict, and which of the team's
     conditional grants hold (and which failed, and why). Worked out before the transaction that
-    records the pause (``judge``), so that no condition runs under its write lock; ``version``
-    is the team's rules version it was worked out for."""
+    records the pause (``judge``), so that no condition runs under its write lock."""
 
-    version: int
     given: ConditionInput | None = None
     verdict: Verdict = Verdict()
     held: dict[int, bool] = field(default_factory=dict)
@@ -328,26 +326,28 @@ def judge(
     for a whole step). Reads, writes nothing."""
     rules = [*teams.rules, *declared_rules(policy, action_name)]
     if not rules and not teams.grants:
-        return Judged(teams.version)
+        return Judged()
     given = context(data, call_input(run, arguments), action_name, teams.slug, requester_name(run))
     given.spent = spent
     verdict = evaluate(rules, given, action_name)
     if verdict.failed:
-        return Judged(teams.version, given, verdict)
+        return Judged(given, verdict)
     held: dict[int, bool] = {}
     failed: list[dict[str, Any]] = []
-    _hold(teams, run, action_name, given, held, failed)
+    target = None
     if verdict.rule is not None and isinstance(verdict.rule.then, RouteTo):
-        # Routed: the grants that could approve it are the other team's, their conditions
-        # over that team's name; judged here too, with the same budget.
         target = Team.objects.filter(slug=verdict.rule.then.team).values_list("pk", flat=True).first()
-        if target is not None and target != run.team_id:
-            theirs = team_set(target)
-            there = context(data, given.values["input"], action_name, theirs.slug, requester_name(run))
-            there.spent = given.spent
-            _hold(theirs, run, action_name, there, held, failed)
-            given.spent = there.spent
-    return Judged(teams.version, given, verdict, held, tuple(failed))
+    if target is None or target == run.team_id:
+        _hold(teams, run, action_name, given, held, failed)
+    else:
+        # Routed: the grants that could approve it are the other team's alone (the first
+        # team's would not apply there), their conditions over that team's name.
+        theirs = team_set(target)
+        there = context(data, given.values["input"], action_name, theirs.slug, requester_name(run))
+        there.spent = given.spent
+        _hold(theirs, run, action_name, there, held, failed)
+        given.spent = there.spent
+    return Judged(given, verdict, held, tuple(failed))
 
 
 def _hold(
