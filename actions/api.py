@@ -34,11 +34,19 @@ from actions.drivers.approval import (
 )
 from actions.drivers.sandbox import SandboxUnavailable, start_script
 from actions.engine import idempotency
+from actions.engine.errors import DATABASE_UNAVAILABLE
 from actions.engine.policies import as_requested
+from actions.live import waiting
 from actions.models import ApiToken, AuditExport, Interrupt, Run, Webhook, WebhookEvent, actor_name
 from actions.notify import webhook
-from actions.web import waiting
-from actions.web.middleware import UNAVAILABLE
+from actions.reads import history
+from actions.reads.records import (
+    INTERRUPT_OUT_FIELDS,
+    REQUIRES_FIELDS,
+    requires_out,
+    run_fields,
+    transcript_entry,
+)
 
 
 class TokenAuth(HttpBearer):
@@ -427,7 +435,7 @@ def too_large(request: HttpRequest, exc: engine.PayloadTooLarge) -> HttpResponse
 @api.exception_handler(OperationalError)
 @api.exception_handler(InterfaceError)
 def database_unavailable(request: HttpRequest, exc: Exception) -> HttpResponse:
-    return api.create_response(request, {"detail": UNAVAILABLE}, status=503)
+    return api.create_response(request, {"detail": DATABASE_UNAVAILABLE}, status=503)
 
 
 @api.exception_handler(ModelError)
@@ -443,41 +451,6 @@ def unknown_action(request: HttpRequest, exc: UnknownAction) -> HttpResponse:
 # Serialising
 
 
-# The columns interrupt_out reads.
-# What an interrupt's contract is read from (Requires), its teams' slugs joined.
-REQUIRES_FIELDS = (
-    "team__slug",
-    "approvals_required",
-    "assignees",
-    "requester_may_approve",
-    "expires_at",
-    "default_answer",
-    "escalate_to__slug",
-    "escalate_at",
-    "escalated_at",
-)
-INTERRUPT_OUT_FIELDS = ("id", "seq", "message", "data", "tool_call_id", *REQUIRES_FIELDS)
-
-
-def requires_out(it: Interrupt, viewer: int) -> dict[str, Any]:
-    """The interrupt's decision contract (Requires), from the fields it was created with, as
-    the token of team ``viewer`` may see it: routed to another team (by a rule of its own), who
-    there may decide it and where it escalates are that team's."""
-    deadline = it.expires_at
-    at_deadline = "default_answer" if it.default_answer is not None else "expires"
-    theirs = viewer not in it.team_ids
-    return {
-        "team": it.team.slug,
-        "approvals": it.approvals_required,
-        "assignees": [] if theirs else list(it.assignees or []),
-        "requester_may_approve": it.requester_may_approve,
-        "deadline": deadline,
-        "at_deadline": None if deadline is None else at_deadline,
-        "escalate_to": it.escalate_to.slug if not theirs and it.escalate_to_id and it.escalate_to else None,
-        "escalate_at": None if theirs else it.escalate_at,
-    }
-
-
 def interrupt_out(request: HttpRequest, it: Interrupt) -> dict[str, Any]:
     return {
         "id": it.pk,
@@ -488,18 +461,6 @@ def interrupt_out(request: HttpRequest, it: Interrupt) -> dict[str, Any]:
         "requires": requires_out(it, token_of(request).team_id),
         "resume_url": request.build_absolute_uri(reverse("api:resume_interrupt", args=[it.pk])),
         "reject_url": request.build_absolute_uri(reverse("api:reject_interrupt", args=[it.pk])),
-    }
-
-
-def run_fields(run: Run) -> dict[str, Any]:
-    """What every description of a run says (the API's responses, the webhooks' bodies)."""
-    return {
-        "id": run.pk,
-        "action": run.action,
-        "consumer": run.consumer,
-        "status": run.status,
-        "output": run.output,
-        "error": run.error,
     }
 
 
@@ -524,34 +485,6 @@ def run_out(request: HttpRequest, run: Run, *, transcript: bool = False) -> dict
     if transcript:
         body["transcript"] = [transcript_entry(it) for it in interrupts]
     return body
-
-
-def transcript_entry(it: Interrupt) -> dict[str, Any]:
-    return {
-        "id": it.pk,
-        "seq": it.seq,
-        "message": it.message,
-        "data": it.data,
-        "call": it.binding or None,
-        "status": it.status,
-        "answer": it.answer,
-        "edited_arguments": it.edited_arguments,
-        "reason": it.reason,
-        "decided_by": it.decided_by_name or None,
-        "decided_at": it.decided_at,
-        "created_at": it.created_at,
-        "approvals": [
-            {
-                "by": approval.user.get_username(),
-                "answer": approval.answer,
-                "at": approval.at,
-                "counted": approval.superseded_at is None,
-            }
-            for approval in sorted(it.approvals.all(), key=lambda approval: (approval.at, approval.pk))
-        ]
-        if it.approvals_required > 1
-        else [],
-    }
 
 
 def get_run(token: ApiToken, run_id: int, consumer: str | None = None) -> Run:
@@ -604,7 +537,7 @@ async def settled_response(
     comes at once, the act done all the same.
 
     Callers wait on the database row, the truth, not on a task result or a push
-    (actions.web.waiting.settle)."""
+    (actions.live.waiting.settle)."""
 
     def respond(run: Run) -> Status[dict[str, Any]]:
         return Status(200 if run.status in done else 202, (describe or run_out)(request, run))
@@ -793,8 +726,6 @@ _ISO_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
 def paged(rows: Any, query: ListQuery, consumer: str) -> dict[str, Any]:
     """One page of ``rows`` (newest first) as ``query`` filters it (``consumer``: the field that
     holds the run's consumer)."""
-    from actions.web import history
-
     if query.after and history.parse_cursor(query.after) is None:
         raise HttpError(422, "after: not a cursor this API gave (pass the `next` of the page before)")
     if query.action:
@@ -897,8 +828,6 @@ def read_history(request: HttpRequest, query: Query[HistoryQuery]) -> dict[str, 
     """The team's decided history, newest first, 50 a page: searched (`q`: every word, in the
     message, data, answer, reason, comments and the run's input) and filtered as the history
     page is, a filter's bad value refused (422). Another team's history is refused (403)."""
-    from actions.web import history
-
     token = token_of(request)
     after = query.after
     params = {

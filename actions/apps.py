@@ -16,19 +16,20 @@ class ActionsConfig(AppConfig):
         from django.core import checks
         from django.db.models import signals
 
-        from actions import drivers, metrics, notify
+        from actions import metrics, notify
         from actions.drivers.agent import AgentDriver
         from actions.drivers.approval import ApprovalDriver
         from actions.drivers.sandbox import SandboxDriver
-        from actions.engine import journal
+        from actions.engine import audit, driving, journal
+        from actions.live import push as live
+        from actions.live import waiting
         from actions.models import Run, Team
-        from actions.web import live, waiting
         from actions.web.middleware import axes_middleware_last
 
         # Runs of these consumers are stepped by their driver; every other runs a plain action.
-        drivers.register(Run.Consumer.AGENT, AgentDriver())
-        drivers.register(Run.Consumer.SANDBOX, SandboxDriver())
-        drivers.register(Run.Consumer.APPROVAL, ApprovalDriver())
+        driving.register(Run.Consumer.AGENT, AgentDriver())
+        driving.register(Run.Consumer.SANDBOX, SandboxDriver())
+        driving.register(Run.Consumer.APPROVAL, ApprovalDriver())
         # The engine announces what changed, once it is committed; open pages hear of it.
         journal.team_changed.connect(live.on_team_changed, dispatch_uid="live-team")
         journal.run_changed.connect(live.on_run_changed, dispatch_uid="live-run")
@@ -45,9 +46,14 @@ class ActionsConfig(AppConfig):
         journal.team_changed.connect(notify.dispatch_soon, dispatch_uid="notify-team")
         journal.run_changed.connect(notify.on_run_changed, dispatch_uid="notify-run")
         journal.discussed.connect(notify.on_discussed, dispatch_uid="notify-discussed")
+        journal.reminded.connect(notify.dispatch_soon, dispatch_uid="notify-reminded")
+        audit.head_published.connect(notify.on_audit_head, dispatch_uid="notify-audit-head")
         checks.register(axes_middleware_last, checks.Tags.security)
         # Production's figures (actions.metrics): the engine's signals, the database's counts.
         metrics.register()
+        # The Celery tasks, which actions.background sends by name, are registered as they load.
+        from actions import tasks  # noqa: F401
+
         # Importing a module registers the actions it defines with @action.
         for module in settings.GRUNDLAG_ACTION_MODULES:
             importlib.import_module(module)

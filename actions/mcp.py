@@ -58,7 +58,9 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from actions import engine
 from actions.core import describe_errors, registry
+from actions.live import waiting
 from actions.models import ApiToken, Interrupt, Run
+from actions.reads import history
 
 logger = logging.getLogger(__name__)
 
@@ -256,8 +258,6 @@ def _cancel(run: Run, token: ApiToken) -> Run:
 
 @_db
 def _tasks_page(token: ApiToken, cursor: str) -> tuple[list[Run], str]:
-    from actions.web import history
-
     runs = Run.objects.filter(team=token.team_id, consumer=Run.Consumer.MCP).defer("input", "driver_state")
     return history.page(runs, cursor, TASKS_PAGE)
 
@@ -266,8 +266,6 @@ async def _wait(token: ApiToken, run: Run, seconds: float) -> tuple[Run, bool]:
     """The run once it has finished, or after ``seconds``; and whether it was waited for: not
     when the token has as many requests held as it may (GRUNDLAG_MAX_WAITS_PER_TOKEN, the
     API's `Prefer: wait` among them), read at once then."""
-    from actions.web import waiting
-
     with waiting.place_to_wait(token.pk) as placed:
         return await waiting.wait_for(run.pk, seconds if placed else 0, Run.FINISHED), placed
 
@@ -519,8 +517,6 @@ def origin_allowed(origin: bytes) -> bool:
 def _retry_after(token: ApiToken) -> int | None:
     """None while the token is within its rate of requests (the API's, GRUNDLAG_API_RATE: one
     budget for /api/ and /mcp/); else the seconds before it may ask again (Retry-After)."""
-    from actions.web import waiting
-
     request = HttpRequest()
     request.auth = token  # type: ignore[attr-defined]  # where ninja's authentication puts it
     return waiting.TokenRateThrottle().retry_after(request)

@@ -22,10 +22,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Count
 from django.utils import timezone
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from actions.engine import journal
+from actions.models import Interrupt, Team
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +69,6 @@ class PendingCollector(Collector):
         yield GaugeMetricFamily("grundlag_pending_interrupts", "", labels=["team"])
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from django.db.models import Count
-
-        from actions.models import Interrupt, Team
-
         family = GaugeMetricFamily(
             "grundlag_pending_interrupts", "Interrupts waiting for a decision, by team", labels=["team"]
         )
@@ -88,8 +88,6 @@ _slugs: dict[int, str] = {}
 
 def _slug(team_id: int) -> str:
     if team_id not in _slugs:
-        from actions.models import Team
-
         _slugs.update(Team.objects.values_list("pk", "slug"))
     return _slugs.get(team_id, str(team_id))
 
@@ -128,8 +126,6 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    from actions.engine import journal
-
     REGISTRY.register(_pending)
     journal.team_changed.connect(on_team_changed, dispatch_uid="metrics-decisions")
     journal.step_ran.connect(on_step_ran, dispatch_uid="metrics-steps")
@@ -138,8 +134,6 @@ def register() -> None:
 
 def serve_worker_metrics(**kwargs: Any) -> None:
     """A Celery worker's own /metrics, on GRUNDLAG_WORKER_METRICS_ADDR (Celery's worker_init)."""
-    from prometheus_client import start_http_server
-
     address = settings.GRUNDLAG_WORKER_METRICS_ADDR
     if not address:
         return

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import secrets
@@ -66,7 +67,7 @@ class Team(models.Model):
 class InboxStream(models.Model):
     """The sequence number of a team's inbox stream: one more for every change of the team's
     pending interrupts, counted in the transaction that makes the change. Pages follow it to
-    know they missed nothing (actions.web.live); a gap makes them refetch."""
+    know they missed nothing (actions.live.push); a gap makes them refetch."""
 
     team = models.OneToOneField(Team, models.CASCADE, primary_key=True, related_name="inbox_stream")
     seq = models.BigIntegerField(default=0)
@@ -305,7 +306,7 @@ class Interrupt(models.Model):
     tool_call_id = models.CharField(max_length=200, blank=True)
     # Exactly which call its answer is for, so that the answer resumes that call and no other:
     # an agent's turn, position, action and argument hash; a script's position, action and
-    # argument hash; a plain action's name. See actions.drivers.base.call_binding.
+    # argument hash; a plain action's name. See actions.engine.driving.call_binding.
     binding = JSONField(default=dict, blank=True)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
     answer = JSONField(null=True, blank=True)
@@ -751,8 +752,6 @@ class AuditExport(models.Model):
 
 def webhook_secret() -> str:
     """A Standard Webhooks secret: ``whsec_`` and 32 random bytes in base64."""
-    import base64
-
     return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 
 

@@ -7,19 +7,17 @@ from typing import Any
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
-from actions import engine
-
-# A message header: when a step's message was sent (epoch seconds, as text: headers are
-# strings), for the queue-wait figure.
-# A header, not an argument, so workers and senders of different versions understand each other.
-QUEUED_AT = "grundlag_queued_at"
+from actions import engine, notify
+from actions.background import DELIVER_NOTIFICATIONS, DISPATCH, QUEUED_AT, RUN_STEP
+from actions.engine import audit, idempotency
+from actions.notify.delivery import deliver_each
 
 
 # A step that could not reach the database (restarting, or its pool still reconnecting) is
 # sent again a moment later, and runs once the database answers. One that failed after its
 # claim is claimed by nobody until its lease runs out, as after a crash (the sweeper).
 @shared_task(
-    name="actions.tasks.run_step",
+    name=RUN_STEP,
     bind=True,
     autoretry_for=(OperationalError, InterfaceError),
     retry_backoff=1,
@@ -44,48 +42,36 @@ def sweep() -> int:
 
 @shared_task(name="actions.tasks.apply_policies")
 def apply_policies() -> int:
-    from actions.engine import idempotency
-
     idempotency.prune()
     return engine.apply_policies()
 
 
-@shared_task(name="actions.tasks.dispatch")
+@shared_task(name=DISPATCH)
 def dispatch_events(run_ids: list[int] | None = None) -> int:
     """Fan out those runs' new events (None: every recent event not yet told)."""
-    from actions import notify
-
     return notify.dispatch(run_ids)
 
 
 @shared_task(name="actions.tasks.deliver_notification")
 def deliver_notification(notification_id: int) -> None:
     """One notification (what a sender of an earlier version queued; see deliver_notifications)."""
-    from actions import notify
-
     notify.deliver(notification_id)
 
 
-@shared_task(name="actions.tasks.deliver_notifications")
+@shared_task(name=DELIVER_NOTIFICATIONS)
 def deliver_notifications(notification_ids: list[int]) -> None:
     """Several notifications, one after another (an event's mails or Slack messages). One that
     fails is left to its retry, and the others are still sent."""
-    from actions.notify.delivery import deliver_each
-
     deliver_each(notification_ids)
 
 
 @shared_task(name="actions.tasks.notify")
 def notify_round() -> int:
     """The periodic round: fan out what no commit's dispatch did, send what is due."""
-    from actions import notify
-
     return notify.periodic_round()
 
 
 @shared_task(name="actions.tasks.audit_daily")
 def audit_daily() -> None:
     """Publish the audit chain's head, and verify the chains, once a day (beat asks hourly)."""
-    from actions.engine import audit
-
     audit.daily()

@@ -15,7 +15,7 @@ from channels.security.websocket import OriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from actions import mcp  # noqa: E402
-from actions.web import waiting  # noqa: E402
+from actions.live import waiting  # noqa: E402
 from actions.web.health import answering_liveness  # noqa: E402
 from actions.web.middleware import BodyLimit, TokenConcurrency, cap_daphne_bodies  # noqa: E402
 from actions.web.routing import websocket_urlpatterns  # noqa: E402

@@ -456,7 +456,7 @@ GRUNDLAG_ALLOWED_ORIGINS = envorigins(
 GRUNDLAG_MAX_WAIT_SECONDS = 30
 # A request waiting with `Prefer: wait` is woken by the run's change (the engine's signal in
 # this process; PostgreSQL's NOTIFY from any). Should that be lost, it reads the run again
-# after this long (actions.web.waiting.FAST_POLL_SECONDS while a change may not wake it).
+# after this long (actions.live.waiting.FAST_POLL_SECONDS while a change may not wake it).
 GRUNDLAG_WAIT_POLL_SECONDS = envfloat("GRUNDLAG_WAIT_POLL_SECONDS", "1.0", minimum=0.05)
 # An MCP tool call without a task waits this long for its run to finish, then answers that it
 # is pending, with its link (actions.mcp).
@@ -568,7 +568,7 @@ LOGGING = {
 }
 
 
-# Isolation: no token crowds out the others (actions.web.waiting).
+# Isolation: no token crowds out the others (actions.live.waiting).
 # Requests per token (per user, for a request signed in instead) to the API (/api/) and the MCP
 # endpoint (/mcp/): "N/period", the period s, sec, m, min, h, hour, d or day, optionally a
 # multiple ("100/10s"). Over it: 429 with Retry-After. The history is ninja's throttle's, in the

@@ -134,7 +134,7 @@ def database(request: pytest.FixtureRequest) -> Iterator[str]:
     try:
         yield POSTGRESQL
     finally:
-        from actions.web import waiting
+        from actions.live import waiting
 
         waiting.stop_listening()  # its connection would keep the test database from being dropped
         connections[DEFAULT_DB_ALIAS] = default

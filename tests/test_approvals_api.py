@@ -101,7 +101,7 @@ def test_the_question_is_in_the_inbox_when_the_request_that_asks_returns(api: Ap
     code: it is recorded in the request, whatever workers there are (here: none that run)."""
     from concurrent.futures import Future
 
-    from actions.engine import steps
+    from actions.engine import queue
 
     class NoWorkers:
         handed: list[Any] = []
@@ -112,11 +112,11 @@ def test_the_question_is_in_the_inbox_when_the_request_that_asks_returns(api: Ap
 
     settings.GRUNDLAG_INLINE_STEPS = False
     workers = NoWorkers()
-    steps.run_steps_in(workers)  # type: ignore[arg-type]
+    queue.run_steps_in(workers)  # type: ignore[arg-type]
     try:
         asked = ask(api)
     finally:
-        steps.run_steps_in(None)
+        queue.run_steps_in(None)
     assert asked.status_code == 202, asked.content
     body = asked.json()
     assert body["status"] == "pending" and body["interrupt_id"] is not None

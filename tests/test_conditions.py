@@ -285,8 +285,8 @@ class TestThroughTheEngine:
         no transaction open (under SQLite's, every other write waits)."""
         from django.db import connection
 
-        from actions.drivers.base import Pause, StepResult
         from actions.engine import steps
+        from actions.engine.driving import Pause, StepResult
         from actions.models import Run
 
         when = "data.items.exists(a, a in data.items)"

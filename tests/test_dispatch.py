@@ -161,12 +161,13 @@ def test_the_commits_of_the_gathering_time_are_fanned_out_as_one_task(
     """A run's pause, decision and end follow each other within milliseconds: what a process's
     commits ask for within GRUNDLAG_DISPATCH_GATHER_SECONDS goes to the `notify` queue as one
     task, not one each."""
+    from actions import background
     from actions.notify import delivery
 
     settings.GRUNDLAG_DISPATCH_GATHER_SECONDS = 1.0  # wide: the calls below take milliseconds
     sent: list[list[int] | None] = []
     monkeypatch.setattr(dispatch, "_send", sent.append)
-    monkeypatch.setattr(delivery, "_eager", lambda: False)  # as a worker or daphne runs it
+    monkeypatch.setattr(background, "runs_where_sent", lambda: False)  # as a worker or daphne runs it
     monkeypatch.setattr(dispatch, "_wanted_runs", set())  # not what eager tests left asked for
     dispatch.dispatch_soon(runs=[7])
     dispatch.dispatch_soon(run_id=5)

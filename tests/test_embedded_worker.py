@@ -15,9 +15,9 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from actions import engine
-from actions.engine import journal, steps
+from actions.engine import journal, queue, steps
+from actions.live import waiting
 from actions.models import Run, Team
-from actions.web import waiting
 from grundlag_site.celery import run_tasks_where_sent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,11 +30,11 @@ def pool(settings: Any) -> Iterator[ThreadPoolExecutor]:
     settings.GRUNDLAG_INLINE_STEPS = False
     eager = run_tasks_where_sent(False)
     executor = ThreadPoolExecutor(2, thread_name_prefix="grundlag-step")
-    steps.run_steps_in(executor)
+    queue.run_steps_in(executor)
     try:
         yield executor
     finally:
-        steps.run_steps_in(None)
+        queue.run_steps_in(None)
         executor.shutdown(wait=True)
         run_tasks_where_sent(eager)
 
@@ -77,7 +77,7 @@ def test_a_step_is_handed_to_the_pool_only_once_its_transaction_commits(
 ) -> None:
     settings.GRUNDLAG_INLINE_STEPS = False
     recording = Recording()
-    steps.run_steps_in(recording)
+    queue.run_steps_in(recording)
     try:
         with transaction.atomic():
             run = engine.start_run("send_invoice", {"invoice_id": "E-3", "amount": 2}, team, reviewer)
@@ -88,7 +88,7 @@ def test_a_step_is_handed_to_the_pool_only_once_its_transaction_commits(
             raise RuntimeError("rolled back")
         assert len(recording.submitted) == 1, "a rolled-back run queues nothing"
     finally:
-        steps.run_steps_in(None)
+        queue.run_steps_in(None)
 
 
 def test_a_step_queued_while_the_server_stops_stays_queued_for_the_next_start(
@@ -103,7 +103,7 @@ def test_a_step_queued_while_the_server_stops_stays_queued_for_the_next_start(
 def test_without_a_pool_a_step_goes_to_celery(
     settings: Any, team: Team, reviewer: User, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from actions import tasks
+    from actions import background, tasks
 
     settings.GRUNDLAG_INLINE_STEPS = False
     sent: list[tuple[tuple[int, ...], dict[str, Any]]] = []
@@ -111,7 +111,7 @@ def test_without_a_pool_a_step_goes_to_celery(
     run = engine.start_run("send_invoice", {"invoice_id": "E-2", "amount": 2}, team, reviewer)
     assert [args for args, _ in sent] == [(run.pk,)] and Run.objects.get(pk=run.pk).status == "queued"
     # When it was sent, for the queue-wait figure: a header, which workers of any version accept.
-    assert 0 <= time.time() - float(sent[0][1][tasks.QUEUED_AT]) < 5
+    assert 0 <= time.time() - float(sent[0][1][background.QUEUED_AT]) < 5
 
 
 async def test_a_waiting_api_request_answers_as_soon_as_the_run_changes_not_at_its_next_poll(
@@ -264,8 +264,6 @@ def test_the_heartbeat_renews_only_the_leases_this_process_still_holds(team: Tea
 
     from django.utils import timezone
 
-    from actions.engine import steps
-
     past = timezone.now() - timedelta(seconds=5)
     mine = Run.objects.create(
         action="send_invoice", input={}, team=team, status="running", attempt=3, lease_expires_at=past
@@ -294,8 +292,6 @@ def test_a_step_stuck_beyond_the_longest_a_step_may_take_is_no_longer_renewed(
     from datetime import timedelta
 
     from django.utils import timezone
-
-    from actions.engine import steps
 
     settings.GRUNDLAG_MAX_STEP_SECONDS = 1
     past = timezone.now() - timedelta(seconds=5)

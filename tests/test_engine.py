@@ -14,9 +14,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from actions import engine
-from actions.drivers.base import StepResult
 from actions.engine import rules
 from actions.engine import steps as engine_steps
+from actions.engine.driving import StepResult
 from actions.models import ApiToken, AuditChain, Interrupt, Run, RunEvent, Team
 from grundlag_site.celery import run_tasks_where_sent
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from actions import engine
 from actions.core import ActionContext, ActionInterrupt, action
-from actions.engine import steps
+from actions.engine import queue, steps
 from actions.models import ApiToken, Run, Team
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("database")]
@@ -131,5 +131,5 @@ def test_a_waiting_script_is_passed_over_for_a_run_that_may_go_and_the_sweeper_s
     plain = Run.objects.create(team=team, action="fair_share_job", input={})
     Run.objects.filter(pk=script.pk).update(updated_at=timezone.now() - timedelta(minutes=1))
     # The script waits longest, but cannot go: the plain run is handed on.
-    assert store.next_in_line(team.pk, 1, steps.shares()) == [plain.pk]
-    assert store.unclaimed(timezone.now(), steps.shares()) == [plain.pk]
+    assert store.next_in_line(team.pk, 1, queue.shares()) == [plain.pk]
+    assert store.unclaimed(timezone.now(), queue.shares()) == [plain.pk]

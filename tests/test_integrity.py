@@ -19,10 +19,10 @@ from pydantic import BaseModel, Field
 
 from actions import engine
 from actions.core import ActionContext, ActionInterrupt, ApprovalPolicy, action
-from actions.drivers.base import StepResult, call_binding
-from actions.engine.decisions import lock_run
+from actions.engine.driving import StepResult, call_binding
 from actions.engine.errors import retry_on_conflict
-from actions.engine.steps import answers_of
+from actions.engine.queue import answers_of
+from actions.engine.store import lock_run
 from actions.models import ApiToken, Interrupt, Policy, Run, RunEvent, Team
 
 # Runs with steps in workers and inline, on SQLite and on PostgreSQL (tests/conftest.py).
@@ -410,7 +410,7 @@ def test_the_history_export_neutralises_cells_a_spreadsheet_would_run(
 def test_cancelling_a_run_tells_the_inbox_of_the_team_it_escalated_to(
     team: Team, other_team: Team, reviewer: User, monkeypatch: Any
 ) -> None:
-    from actions.web import live
+    from actions.live import push as live
 
     pushed: list[tuple[list[str], dict[str, Any]]] = []
     monkeypatch.setattr(live, "_anyone_listening", lambda: True)

@@ -30,8 +30,8 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 
 from actions import mcp
+from actions.live import waiting
 from actions.models import ApiToken, Team
-from actions.web import waiting
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -376,7 +376,7 @@ def test_concurrent_requests_of_one_token_each_count_against_the_rate(settings: 
     from django.core.cache import cache
     from django.test import RequestFactory
 
-    from actions.web.waiting import TokenRateThrottle
+    from actions.live.waiting import TokenRateThrottle
 
     cache.clear()
     settings.GRUNDLAG_API_RATE = "10/min"

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from actions.drivers.base import call_binding
+from actions.engine.driving import call_binding
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -685,7 +685,7 @@ def test_saving_a_team_never_puts_back_an_older_rules_version(team: Team) -> Non
 
 
 def test_a_calls_arguments_that_cannot_be_stored_fail_the_step_saying_so() -> None:
-    from actions.drivers.base import Pause, StepResult
+    from actions.engine.driving import Pause, StepResult
     from actions.engine.steps import _checked
 
     deep: Any = 1

@@ -1,6 +1,6 @@
 """`Prefer: wait` across processes: on PostgreSQL a trigger NOTIFYs a run's change to a status
 a request waits for, as the transaction that makes it commits, and each web process LISTENs
-(actions.web.waiting). The engine's in-process signal is disconnected here, so only the
+(actions.live.waiting). The engine's in-process signal is disconnected here, so only the
 database's notification can wake a waiter."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from actions.engine import journal, store
+from actions.live import waiting
 from actions.models import Run, Team
-from actions.web import waiting
 
 T = TypeVar("T")
 

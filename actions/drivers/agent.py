@@ -30,7 +30,7 @@ from actions.core import (
     invoke,
     registry,
 )
-from actions.drivers.base import Answers, Driver, Pause, StepResult, call_binding
+from actions.engine.driving import Answers, Driver, Pause, StepResult, call_binding
 from actions.models import Run
 
 MAX_TURNS = 25
@@ -51,14 +51,14 @@ class OpenAIChatModel:
     """Any OpenAI-compatible chat-completions server: a hosted API, vLLM, Ollama, llama.cpp."""
 
     def __init__(self, base_url: str, model: str, api_key: str = "", timeout: float = 120) -> None:
-        from openai import OpenAI
+        from openai import OpenAI  # noqa: PLC0415 (the client library loads only where an agent runs)
 
         # A server that wants no key still needs a non-empty one for the client.
         self.client = OpenAI(base_url=base_url, api_key=api_key or "unused", timeout=timeout, max_retries=2)
         self.model = model
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
-        from openai import OpenAIError
+        from openai import OpenAIError  # noqa: PLC0415 (the client library loads only where an agent runs)
 
         try:
             response = self.client.chat.completions.create(

@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from actions import engine
-from actions.drivers.base import Answers, Driver, Pause, StepResult, call_binding
+from actions.engine.driving import Answers, Driver, Pause, StepResult, call_binding
 from actions.engine.errors import MAX_ERROR_CHARS, InvalidInput
 from actions.engine.policies import effective_policy
 from actions.engine.schemas import check_answer_schema, field_error, schema_errors

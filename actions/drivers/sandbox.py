@@ -46,8 +46,8 @@ from actions.core import (
     invoke,
     registry,
 )
-from actions.drivers.base import Answers, Driver, Pause, StepResult, call_binding
 from actions.drivers.sandbox_child import NICENESS
+from actions.engine.driving import Answers, Driver, Pause, StepResult, call_binding
 from actions.models import Run
 
 logger = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class SandboxUnavailable(engine.EngineError):
 
 
 def _restricted_python_dir() -> str:
-    import RestrictedPython
+    import RestrictedPython  # noqa: PLC0415 (loaded only where scripts run)
 
     return str(Path(RestrictedPython.__file__).resolve().parent)
 

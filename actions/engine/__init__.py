@@ -27,7 +27,6 @@ from actions.engine.decisions import (
     agreement_key,
     approve,
     cancel,
-    counted_approvals,
     proposed_arguments,
     reject,
     resume,
@@ -55,7 +54,7 @@ from actions.engine.policies import (
 )
 from actions.engine.recovery import sweep
 from actions.engine.steps import execute_step, pending_interrupts, record, start_run
-from actions.engine.store import snapshot
+from actions.engine.store import counted_approvals, snapshot
 
 __all__ = [
     "CANCELLABLE",

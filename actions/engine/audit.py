@@ -20,23 +20,32 @@ from __future__ import annotations
 
 import hashlib
 import json
+import json as json_module
 import logging
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from django.db import transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
-from actions.models import GENESIS, AuditAnchor, AuditChain, AuditCheck, AuditHead, RunEvent
+from actions.engine import store
+from actions.models import GENESIS, AuditAnchor, AuditChain, AuditCheck, AuditHead, Interrupt, Run, RunEvent
 
 logger = logging.getLogger(__name__)
 
 CHUNK = 5000
 MAX_PROBLEMS = 20
 PUBLISH_EVERY = timedelta(days=1)
+
+# Sent once a head published is committed: published (the AuditHead). The webhooks subscribed
+# to audit.head are told (actions.notify).
+head_published = Signal()
 
 
 def _canonical(value: Any) -> Any:
@@ -106,14 +115,22 @@ def link(previous: str, body: bytes) -> str:
     return hashlib.sha256(previous.encode() + body).hexdigest()
 
 
+def append(events: Sequence[Sequence[Any]]) -> None:
+    """Append events to run logs (run_id, interrupt_id, kind, actor_id, actor_name, detail,
+    at), each written with its place in the chain and its hashes, in the caller's transaction
+    or one of its own."""
+    if not events:
+        return
+    with nullcontext() if transaction.get_connection().in_atomic_block else transaction.atomic():
+        store.insert_events(chained(events))
+
+
 def chained(events: Sequence[Sequence[Any]]) -> list[list[Any]]:
     """The events (run_id, interrupt_id, kind, actor_id, actor_name, detail, at; the detail a
     store.Json), each with its seq, hash and run_hash appended. What the JSON column will give
     back of a detail differently (an integral float, a tuple, a key that is not a string) the
     canonical form makes the same. In the caller's transaction, which must end soon: the
     chain's head row stays locked until it does (inserting them moves it on)."""
-    from actions.engine import store
-
     seq, head, run_heads = store.lock_audit_chain(sorted({int(event[0]) for event in events}))
     rows = []
     for event in events:
@@ -238,8 +255,6 @@ ENDS = (RunEvent.Kind.COMPLETED, RunEvent.Kind.FAILED, RunEvent.Kind.REJECTED, R
 def _verify_records(report: Report, until: int | None) -> None:
     """The rows the audit shows against the digests their events carry (events written before
     they carried one are not covered)."""
-    from actions.models import Interrupt, Run
-
     recorded = RunEvent.objects.filter(seq__isnull=False, detail__has_key="record").order_by("seq")
     if until is not None:
         recorded = recorded.filter(seq__lte=until)
@@ -279,9 +294,6 @@ def verify_archive(path: Any) -> list[str]:
     anchor is a pruned event only if the archive, held apart from the database, has the event
     and its content still hashes to the anchor (someone who deleted runs and wrote anchors for
     them directly in the database has no such archive)."""
-    import json as json_module
-    from pathlib import Path
-
     anchors = dict(AuditAnchor.objects.values_list("seq", "hash"))
     known = anchors | dict(
         RunEvent.objects.filter(seq__in=[seq - 1 for seq in anchors]).values_list("seq", "hash")
@@ -363,34 +375,9 @@ def publish_head(now: datetime | None = None) -> AuditHead | None:
     seq, head = (chain.seq, chain.head) if chain is not None else (0, GENESIS)
     with transaction.atomic():
         published = AuditHead.objects.create(at=now, seq=seq, head=head)
-        transaction.on_commit(lambda: _tell_webhooks(published))
+        transaction.on_commit(lambda: head_published.send(AuditHead, published=published))
     logger.info("audit chain head published: place %s, sha256 %s", seq, head)
     return published
-
-
-def _tell_webhooks(published: AuditHead) -> None:
-    from actions.models import Notification, Webhook
-    from actions.notify.delivery import schedule
-
-    body = {
-        "type": "audit.head",
-        "timestamp": moment(published.at),
-        "data": {"seq": published.seq, "head": published.head, "algorithm": "sha256"},
-    }
-    hooks = [hook for hook in Webhook.objects.filter(disabled_at=None) if "audit.head" in hook.events]
-    made = Notification.objects.bulk_create(
-        Notification(
-            event=None,
-            type="audit.head",
-            channel=Notification.Channel.WEBHOOK,
-            webhook=hook,
-            message_id=f"msg_audit_{published.pk}_w{hook.pk}",
-            payload=body,
-        )
-        for hook in hooks
-    )
-    for notification in made:
-        schedule(notification.pk)
 
 
 def daily() -> None:

@@ -11,20 +11,19 @@ from django.conf import settings
 from django.utils import timezone
 
 from actions.core import describe_errors
+from actions.engine import journal, store
 from actions.engine.decisions import (
     decide,
     finish_with_pending_cancelled,
-    lock_run,
     resume_if_nothing_pending,
     validate_answer,
 )
 from actions.engine.errors import AlreadyDecided, Busy, InvalidInput, PayloadTooLarge, retry_on_conflict
 from actions.engine.journal import atomic, inbox_changed, log
+from actions.engine.policies import DEADLINE_POLICY
 from actions.models import Interrupt, Run, RunEvent, Team
 
 logger = logging.getLogger(__name__)
-
-DEADLINE_POLICY = "deadline policy"
 
 
 def _fail_expired(run: Run, interrupt: Interrupt) -> None:
@@ -88,7 +87,7 @@ def _escalate(interrupt: Interrupt, target: Team, now: datetime) -> bool:
     with atomic():
         # The run first, then the interrupt: the lock order of every change (see decide), so an
         # escalation and a decision of the same interrupt wait for each other, never deadlock.
-        lock_run(interrupt.run_id)
+        store.lock_run(interrupt.run_id)
         escalated = Interrupt.objects.filter(
             pk=interrupt.pk, status=Interrupt.Status.PENDING, escalated_at=None
         ).update(escalated_at=now)
@@ -165,7 +164,5 @@ def remind(now: datetime) -> int:
                 reminded_runs.add(interrupt.run_id)
                 count += 1
     if count:
-        from actions.notify import dispatch_soon
-
-        dispatch_soon(runs=reminded_runs)
+        journal.reminded.send(Interrupt, runs=reminded_runs)
     return count

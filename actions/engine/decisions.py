@@ -7,18 +7,17 @@ every change (the lock order), so two decisions of one run see each other.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connection
 from django.utils import timezone
 from pydantic import ValidationError
 
-from actions.core import field_errors, registry
-from actions.drivers import driver_for
-from actions.drivers.base import arguments_hash
-from actions.engine import audit, store
+from actions.core import ApprovalPolicy, field_errors, registry
+from actions.engine import audit, rules, store
+from actions.engine.driving import arguments_hash, driver_for
 from actions.engine.errors import (
     AlreadyDecided,
     InvalidAnswer,
@@ -29,9 +28,9 @@ from actions.engine.errors import (
     retry_on_conflict,
 )
 from actions.engine.journal import atomic, inbox_changed, log, log_end, push_run_status
-from actions.engine.policies import may_decide, separation_of_duties, why_not, why_not_cancel
+from actions.engine.policies import DEADLINE_POLICY, may_decide, separation_of_duties, why_not, why_not_cancel
+from actions.engine.queue import answers_of, hand_over, inline, lease_from
 from actions.engine.schemas import schema_errors
-from actions.engine.steps import answers_of, hand_over, inline, lease_from
 from actions.models import Actor, ApiToken, Approval, Grant, Interrupt, Run, RunEvent, actor_name, actor_user
 
 Status = Run.Status
@@ -78,14 +77,6 @@ def validate_answer(interrupt: Interrupt, data: Any) -> Any:
         raise InvalidAnswer("the answer does not fit the action's answer schema", field_errors(exc)) from None
 
 
-def lock_run(run_id: int) -> Run:
-    """The run, locked until the transaction ends. On SQLite the IMMEDIATE transaction holds
-    the database's write lock already, so nothing is read until a field is used."""
-    if not connection.features.has_select_for_update:
-        return Run.from_db(DEFAULT_DB_ALIAS, ["id"], [run_id])
-    return store.lock_run(run_id)
-
-
 @retry_on_conflict
 def decide(
     interrupt: Interrupt,
@@ -112,7 +103,7 @@ def decide(
         # Lock the run first: two reviewers deciding two interrupts of one agent turn (or two
         # of N required approvers) must see each other's decision, or neither would resume the
         # run (PostgreSQL; SQLite's IMMEDIATE transactions already serialise writers).
-        run = lock_run(interrupt.run_id)
+        run = store.lock_run(interrupt.run_id)
         current = store.interrupt(interrupt.pk)
         if current.status != Interrupt.Status.PENDING:
             raise AlreadyDecided(current)
@@ -191,8 +182,6 @@ def decided_via(by: Actor, *, policy: str = "", via: str = "") -> str:
     """How a decision was made, as the audit lists it: dashboard, api, email, slack, bulk, or
     deadline (the interrupt's policy decided it when its deadline passed)."""
     if policy:
-        from actions.engine.deadlines import DEADLINE_POLICY
-
         if policy == DEADLINE_POLICY:
             return "deadline"
         return (
@@ -213,11 +202,6 @@ def agreement_key(action_name: str, answer: Any) -> str:
     return arguments_hash(answer)
 
 
-def counted_approvals(interrupt: Interrupt) -> list[Approval]:
-    """The approvals that count now: all for the same answer, oldest first."""
-    return list(interrupt.approvals.filter(superseded_at=None).select_related("user").order_by("at", "id"))
-
-
 def _count_approval(
     run: Run, interrupt: Interrupt, by: Actor, answer: Any
 ) -> tuple[Any | None, int, tuple[str, ...]]:
@@ -231,7 +215,7 @@ def _count_approval(
     user = actor_user(by)
     if user is None:
         raise NotAllowed(why_not(by, interrupt))
-    counted = counted_approvals(interrupt)
+    counted = store.counted_approvals(interrupt)
     if any(approval.user_id == user.pk for approval in counted):
         raise NotAllowed(
             f"You already approved this; it needs {interrupt.approvals_required} different people."
@@ -312,8 +296,6 @@ def approve(
     InvalidAnswer or InvalidInput, NotAllowed or AlreadyDecided, and GrantRefused for a grant
     that cannot be given (with edited arguments: a grant approves calls as they are proposed;
     or one rules.give_grant refuses); nothing is changed then."""
-    from actions.engine import rules
-
     answer = validate_answer(interrupt, data)
     edit = validate_edit(interrupt, arguments) if arguments is not None else None
     given: list[Grant] = []
@@ -450,3 +432,29 @@ def cancel(run: Run, by: Actor) -> None:
         if reason := why_not_cancel(by, locked):
             raise NotAllowed(reason)
         finish_with_pending_cancelled(locked, Status.CANCELLED, by=by)
+
+
+def settle(run: Run, interrupt: Interrupt, routed: rules.Routed, policy: ApprovalPolicy) -> None:
+    """Make the decision a rule or a grant took for ``interrupt``, in the transaction that
+    created it, once every pause of its step is inserted."""
+    decision, by = routed.decision, routed.decided_by
+    if decision is None:
+        if "rule_failed" in routed.note:
+            return  # left to people: a grant does not stand in for a rule that failed
+        grant = rules.grant_for(run, interrupt, routed, policy)
+        if grant is None:
+            return
+        decision, by = ("approve", grant.answer), f"grant #{grant.pk} ({grant.granted_by_name})"
+    by = by[: Interrupt._meta.get_field("decided_by_name").max_length]
+    kind, value = decision
+    approving = kind == "approve"
+    # Already decided: another pause of the step ended the run (a rejection). Nothing to do.
+    with contextlib.suppress(AlreadyDecided):
+        decide(
+            interrupt,
+            Interrupt.Status.APPROVED if approving else Interrupt.Status.REJECTED,
+            None,
+            then=resume_if_nothing_pending if approving else end_or_go_on,
+            policy=by,
+            **({"answer": value} if approving else {"reason": value}),
+        )

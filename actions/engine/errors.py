@@ -24,6 +24,12 @@ from actions.models import Interrupt
 logger = logging.getLogger(__name__)
 
 
+# What a caller is told while the database does not answer (a page's 503, the API's).
+DATABASE_UNAVAILABLE = (
+    "The database is unavailable right now. Nothing was changed; please try again in a moment."
+)
+
+
 class EngineError(Exception):
     """A refused request. The message is safe to show to whoever made it."""
 

@@ -3,7 +3,7 @@
 An engine change runs in ``atomic()``. Its audit events are collected as it goes and written
 in one INSERT as it ends, in the same transaction. What changed is announced after it commits
 (a rolled-back change tells no one anything), as the signals ``team_changed`` and
-``run_changed``: the web layer (actions.web.live) pushes them to open pages.
+``run_changed``: the web layer (actions.live.push) pushes them to open pages.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def atomic() -> Iterator[None]:
                 _journal.reset(token)
             # The API request this change is made for keeps its Idempotency-Key with it.
             keyed = idempotency.record(journal.events[0][0] if journal.events else None)
-            store.insert_events(journal.events)
+            audit.append(journal.events)
             if journal.changes:
                 _number(journal.changes)
     except BaseException:
@@ -135,7 +135,7 @@ def log(
     if journal is not None:
         journal.events.append(event)
     else:
-        store.insert_events([event])
+        audit.append([event])
 
 
 # The event each way a run can end is logged as (the one subscribers hear as run.finished).
@@ -163,6 +163,9 @@ run_changed = Signal()
 # Sent after commit: someone commented on an interrupt (run_id, interrupt_id, mentions). Pages
 # showing the run fetch the thread again; mentions are told. The run itself did not change.
 discussed = Signal()
+# Sent after the reminders of deadlines near were logged: runs (their ids). Their reviewers are
+# told (actions.notify).
+reminded = Signal()
 # Sent by the process that ran a step, once it is recorded: action, status, seconds (the step
 # itself), queued_seconds (from its message being sent to its claim; None when not known).
 step_ran = Signal()
@@ -207,7 +210,7 @@ def push_run_status(run: Run, status: str) -> None:
     """Announce the run's new status, once this transaction commits."""
     finished = status in Run.FINISHED
     # Other processes hear of it from PostgreSQL itself: a trigger NOTIFYs a run's change to a
-    # settled status as its transaction commits (migration 0018, actions.web.waiting).
+    # settled status as its transaction commits (migration 0018, actions.live.waiting).
     transaction.on_commit(
         lambda: run_changed.send(Run, team_id=run.team_id, run_id=run.pk, status=status, finished=finished),
         robust=True,

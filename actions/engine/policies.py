@@ -12,6 +12,9 @@ from actions.core import ApprovalPolicy, registry
 from actions.engine import store
 from actions.models import Actor, ApiToken, Interrupt, Policy, Run, Team
 
+# Who decided an interrupt whose deadline passed (its decided_by_name; the audit says "deadline").
+DEADLINE_POLICY = "deadline policy"
+
 
 def effective_policy(team_id: int, action_name: str) -> ApprovalPolicy:
     """The action's declared policy, unless the team overrides it (admin: Policies)."""

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from actions.engine import store
 from actions.engine.journal import atomic, log, log_end, push_run_status
-from actions.engine.steps import enqueue, shares
+from actions.engine.queue import enqueue, shares
 from actions.models import Run, RunEvent
 
 Status = Run.Status

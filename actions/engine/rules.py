@@ -27,7 +27,6 @@ team's ``rules_version``, new on every change) to know they are current.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import secrets
 import threading
@@ -62,8 +61,11 @@ from actions.core import (
     describe_errors,
     registry,
 )
-from actions.drivers.base import arguments_hash
-from actions.engine.errors import AlreadyDecided, InvalidInput, retry_on_conflict
+from actions.engine import store
+from actions.engine.driving import arguments_hash
+from actions.engine.errors import InvalidInput, retry_on_conflict
+from actions.engine.journal import atomic, inbox_changed, log
+from actions.engine.policies import may_decide, policy_fields, separation_of_duties, with_override
 from actions.engine.schemas import schema_errors
 from actions.models import Delegation, Grant, Interrupt, Run, RunEvent, Team, TeamRule
 
@@ -484,9 +486,6 @@ def _apply(run: Run, routed: Routed, rule: Compiled, action_name: str, policy: A
     elif isinstance(then, AssignTo):
         fields["assignees"] = list(then.users)
     elif isinstance(then, RouteTo):
-        from actions.engine import store
-        from actions.engine.policies import policy_fields, with_override
-
         team_id = Team.objects.filter(slug=then.team).values_list("pk", flat=True).first()
         if team_id is None:
             routed.note["rule_failed"] = {"rule": rule.name, "error": f"there is no team {then.team!r}"}
@@ -587,8 +586,6 @@ def _follow(name: str, away: dict[str, str]) -> str:
 def grant_for(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPolicy) -> Grant | None:
     """The live grant that approves ``interrupt`` (inserted, not yet decided), if any: same
     team, action and scope, and its giver could approve it now."""
-    from actions.engine.policies import may_decide, separation_of_duties
-
     if not policy.auto_approve or why_no_grant(interrupt):
         return None
     same = interrupt.team_id == run.team_id and routed.teams is not None
@@ -627,34 +624,6 @@ def grant_for(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPo
         if used.update(uses=F("uses") + 1, last_used_at=now):
             return grant
     return None
-
-
-def settle(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPolicy) -> None:
-    """Make the decision a rule or a grant took for ``interrupt``, in the transaction that
-    created it, once every pause of its step is inserted."""
-    from actions.engine import decisions
-
-    decision, by = routed.decision, routed.decided_by
-    if decision is None:
-        if "rule_failed" in routed.note:
-            return  # left to people: a grant does not stand in for a rule that failed
-        grant = grant_for(run, interrupt, routed, policy)
-        if grant is None:
-            return
-        decision, by = ("approve", grant.answer), f"grant #{grant.pk} ({grant.granted_by_name})"
-    by = by[: Interrupt._meta.get_field("decided_by_name").max_length]
-    kind, value = decision
-    approving = kind == "approve"
-    # Already decided: another pause of the step ended the run (a rejection). Nothing to do.
-    with contextlib.suppress(AlreadyDecided):
-        decisions.decide(
-            interrupt,
-            Interrupt.Status.APPROVED if approving else Interrupt.Status.REJECTED,
-            None,
-            then=decisions.resume_if_nothing_pending if approving else decisions.end_or_go_on,
-            policy=by,
-            **({"answer": value} if approving else {"reason": value}),
-        )
 
 
 def event_detail(routed: Routed, layers: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
@@ -839,9 +808,6 @@ def set_away(user: Any, delegate: Any, starts_at: datetime, ends_at: datetime) -
 
 @retry_on_conflict
 def _set_away(user: Any, delegate: Any, starts_at: datetime, ends_at: datetime) -> Delegation:
-    from actions.engine.decisions import counted_approvals, lock_run
-    from actions.engine.journal import atomic, inbox_changed, log
-
     name, to = user.get_username(), delegate.get_username()
     with atomic():
         made = Delegation.objects.create(user=user, delegate=delegate, starts_at=starts_at, ends_at=ends_at)
@@ -851,7 +817,7 @@ def _set_away(user: Any, delegate: Any, starts_at: datetime, ends_at: datetime) 
         # lock (the lock order: run, then interrupt), and the exact test is made then.
         waiting = Interrupt.objects.filter(status=Interrupt.Status.PENDING, assignees__icontains=f'"{name}"')
         for run_id, interrupt_id in sorted(waiting.values_list("run_id", "pk")):
-            lock_run(run_id)
+            store.lock_run(run_id)
             it = Interrupt.objects.get(pk=interrupt_id)
             if not it.is_pending or name not in (it.assignees or []) or to in it.assignees:
                 continue
@@ -862,7 +828,7 @@ def _set_away(user: Any, delegate: Any, starts_at: datetime, ends_at: datetime) 
                 and Run.objects.filter(pk=it.run_id, started_by=delegate).exists()
             ):
                 continue
-            if any(approval.user_id in (user.pk, delegate.pk) for approval in counted_approvals(it)):
+            if any(approval.user_id in (user.pk, delegate.pk) for approval in store.counted_approvals(it)):
                 continue  # one of them approved already: the delegate would be a second approval
             it.assignees = [to if each == name else each for each in it.assignees]
             Interrupt.objects.filter(pk=it.pk, status=Interrupt.Status.PENDING).update(assignees=it.assignees)
@@ -892,5 +858,4 @@ __all__ = [
     "revoke_grant",
     "route",
     "set_away",
-    "settle",
 ]

@@ -34,7 +34,7 @@ from django.db.backends.utils import CursorWrapper
 from django.db.models.base import ModelState
 from django.db.models.expressions import Col, RawSQL
 
-from actions.models import GENESIS, AuditChain, InboxStream, Interrupt, Policy, Run, RunEvent, Team
+from actions.models import GENESIS, Approval, AuditChain, InboxStream, Interrupt, Policy, Run, RunEvent, Team
 
 M = TypeVar("M", bound=models.Model)
 
@@ -262,26 +262,20 @@ def sql(template: str) -> str:
     return _statement(template, _db().vendor)
 
 
-def insert_events(events: Sequence[Sequence[Any]]) -> None:
+def insert_events(rows: Sequence[Sequence[Any]]) -> None:
     """Append events to run logs in one INSERT; each is (run_id, interrupt_id, kind, actor_id,
-    actor_name, detail, at), written with its place in the audit chain and its hashes
-    (actions.engine.audit), in the caller's transaction or one of its own."""
-    if not events:
-        return
-    from actions.engine import audit
-
-    with nullcontext() if _db().in_atomic_block else transaction.atomic():
-        rows = audit.chained(events)
-        row = "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-        execute(
-            sql(
-                "INSERT INTO {RunEvent} ({RunEvent.run}, {RunEvent.interrupt}, {RunEvent.kind},"
-                " {RunEvent.actor}, {RunEvent.actor_name}, {RunEvent.detail}, {RunEvent.at},"
-                " {RunEvent.seq}, {RunEvent.hash}, {RunEvent.run_hash}) VALUES "
-            )
-            + ", ".join([row] * len(rows)),
-            [value for event in rows for value in event],
+    actor_name, detail, at, seq, hash, run_hash): its place in the audit chain and its hashes
+    given (actions.engine.audit.append makes them, in the transaction this runs in)."""
+    row = "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    execute(
+        sql(
+            "INSERT INTO {RunEvent} ({RunEvent.run}, {RunEvent.interrupt}, {RunEvent.kind},"
+            " {RunEvent.actor}, {RunEvent.actor_name}, {RunEvent.detail}, {RunEvent.at},"
+            " {RunEvent.seq}, {RunEvent.hash}, {RunEvent.run_hash}) VALUES "
         )
+        + ", ".join([row] * len(rows)),
+        [value for event in rows for value in event],
+    )
 
 
 def interrupts_matching(text: str) -> RawSQL | None:
@@ -509,7 +503,11 @@ def record_step(
 
 def lock_run(run_id: int) -> Run:
     """The run (what a decision needs of it), locked until the transaction ends: the first lock
-    of every change (the run, then its interrupts), so two changes of one run queue."""
+    of every change (the run, then its interrupts), so two changes of one run queue. On SQLite
+    the IMMEDIATE transaction holds the database's write lock already, so nothing is read
+    until a field is used."""
+    if not _db().features.has_select_for_update:
+        return Run.from_db(DEFAULT_DB_ALIAS, ["id"], [run_id])
     (run,) = fetch(
         Run,
         sql(
@@ -519,6 +517,11 @@ def lock_run(run_id: int) -> Run:
         [run_id],
     )
     return run
+
+
+def counted_approvals(interrupt: Interrupt) -> list[Approval]:
+    """The approvals of an N-of-M that count now: all for the same answer, oldest first."""
+    return list(interrupt.approvals.filter(superseded_at=None).select_related("user").order_by("at", "id"))
 
 
 def next_seq(run_id: int) -> tuple[str, str, list[Any]]:
@@ -690,7 +693,6 @@ def snapshot() -> Iterator[None]:
     ones the engine writes in, takes no write lock: a thousand pages refetching wait for no
     writer, and no writer for them). On PostgreSQL, REPEATABLE READ (Read Committed takes a new
     snapshot per statement). Inside a transaction already open, that transaction holds."""
-    from django.db import transaction
 
     connection = _db()
     if connection.in_atomic_block:
@@ -727,7 +729,7 @@ def renew_leases(held: dict[int, int], lease_expires_at: datetime) -> int:
 
 # The channel on which PostgreSQL announces, as the transaction that changed a run's status
 # commits, the run's id and new status (``id:status``, a trigger: migration 0018).
-# actions.web.waiting listens, to wake the requests waiting on it in any process.
+# actions.live.waiting listens, to wake the requests waiting on it in any process.
 RUN_CHANGED_CHANNEL = "grundlag_run_changed"
 # The trigger that sends them.
 RUN_CHANGED_TRIGGER = "actions_run_status_notify"

@@ -1,5 +1,5 @@
 """PostgreSQL tells its listeners when a run settles, whoever settles it: a trigger NOTIFYs
-``id:status`` on the channel the web processes LISTEN on (actions.web.waiting), as the
+``id:status`` on the channel the web processes LISTEN on (actions.live.waiting), as the
 transaction commits, and never if it rolls back. Before, the engine sent the NOTIFY itself, one
 more statement in each transaction that changed a status. Nothing on SQLite (one process).
 

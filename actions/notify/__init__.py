@@ -12,7 +12,7 @@ Channels, one module each: ``webhook`` (Standard Webhooks, signed), ``email`` (D
 with a personal decision link: ``links``), ``slack`` (slack-sdk; its buttons come back to
 actions.web.slack)."""
 
-from actions.notify.delivery import deliver, deliver_due, deliver_in, redeliver
+from actions.notify.delivery import deliver, deliver_due, deliver_in, on_audit_head, redeliver
 from actions.notify.dispatch import (
     dispatch,
     dispatch_missed,
@@ -29,6 +29,7 @@ __all__ = [
     "dispatch",
     "dispatch_missed",
     "dispatch_soon",
+    "on_audit_head",
     "on_discussed",
     "on_run_changed",
     "periodic_round",

@@ -3,11 +3,18 @@ the site's own links."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import IntegrityError, transaction
 
 from actions.models import DeliveryAttempt, Interrupt, Notification, Preferences, Team
+
+logger = logging.getLogger(__name__)
 
 # The events that ask someone anew (a Slack message is posted for them), and those that ask for
 # a decision (a mail carries its link): the reminder asks again, in the same place.
@@ -74,3 +81,30 @@ def still_for(notification: Notification) -> str:
 def absolute(path: str) -> str:
     """A path of this site as a link from outside it (GRUNDLAG_BASE_URL)."""
     return settings.GRUNDLAG_BASE_URL.rstrip("/") + path
+
+
+def send_lease() -> timedelta:
+    """How long a claimed notification is left to its sender before it may be sent again."""
+    return timedelta(seconds=settings.GRUNDLAG_SEND_LEASE_SECONDS)
+
+
+@contextlib.contextmanager
+def unless_gone(notification: Notification) -> Iterator[None]:
+    """Around the transaction that records an attempt: deleting a webhook deletes its
+    notifications, one being sent included, and its attempt then refers to nothing (an
+    IntegrityError, at the insert or at commit): it goes with them. Any other is raised."""
+    try:
+        yield
+    except IntegrityError:
+        if Notification.objects.filter(pk=notification.pk).exists():
+            raise
+        logger.info("notification %s went with its endpoint while it was being sent", notification.pk)
+
+
+def skip(notification: Notification, why: str) -> None:
+    """Not sent, and not to be: the attempt says why."""
+    with unless_gone(notification), transaction.atomic():
+        not_sent(why, notification=notification).save()
+        Notification.objects.filter(pk=notification.pk, outcome=Notification.Outcome.PENDING).update(
+            outcome=Notification.Outcome.SKIPPED
+        )

@@ -13,18 +13,31 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, close_old_connections, transaction
+from django.db import close_old_connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from actions.models import DeliveryAttempt, Interrupt, Notification, Webhook
+from actions import background
+from actions.engine.audit import moment
+from actions.models import AuditHead, DeliveryAttempt, Interrupt, Notification, Webhook
 from actions.notify import email, process, slack, webhook
-from actions.notify.base import ASKS_DECISION, DeliveryFailed, NotSent, decided_meanwhile, not_sent, still_for
+from actions.notify.base import (
+    ASKS_DECISION,
+    DeliveryFailed,
+    NotSent,
+    decided_meanwhile,
+    not_sent,
+    send_lease,
+    skip,
+    still_for,
+    unless_gone,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,11 +52,6 @@ TRANSPORTS: dict[str, Callable[[Notification], int]] = {
     Notification.Channel.EMAIL: email.send,
     Notification.Channel.SLACK: slack.send,
 }
-
-
-def send_lease() -> timedelta:
-    """How long a claimed notification is left to its sender before it may be sent again."""
-    return timedelta(seconds=settings.GRUNDLAG_SEND_LEASE_SECONDS)
 
 
 def retry_delay(attempts: int) -> timedelta:
@@ -104,7 +112,7 @@ def _record(
     began: float,
 ) -> None:
     now = timezone.now()
-    with _unless_gone(notification), transaction.atomic():
+    with unless_gone(notification), transaction.atomic():
         DeliveryAttempt.objects.create(
             notification=notification,
             ok=ok,
@@ -139,28 +147,6 @@ def _record(
             )
             if disabled:
                 logger.warning("webhook %s disabled: %s", hook.pk, error)
-
-
-@contextlib.contextmanager
-def _unless_gone(notification: Notification) -> Iterator[None]:
-    """Around the transaction that records an attempt: deleting a webhook deletes its
-    notifications, one being sent included, and its attempt then refers to nothing (an
-    IntegrityError, at the insert or at commit): it goes with them. Any other is raised."""
-    try:
-        yield
-    except IntegrityError:
-        if Notification.objects.filter(pk=notification.pk).exists():
-            raise
-        logger.info("notification %s went with its endpoint while it was being sent", notification.pk)
-
-
-def skip(notification: Notification, why: str) -> None:
-    """Not sent, and not to be: the attempt says why."""
-    with _unless_gone(notification), transaction.atomic():
-        not_sent(why, notification=notification).save()
-        Notification.objects.filter(pk=notification.pk, outcome=Outcome.PENDING).update(
-            outcome=Outcome.SKIPPED
-        )
 
 
 def redeliver(notification_ids: list[int]) -> int:
@@ -213,12 +199,6 @@ def delivers_here() -> bool:
     return _pool is not None
 
 
-def _eager() -> bool:
-    from grundlag_site.celery import app
-
-    return bool(app.conf.task_always_eager)
-
-
 def schedule(notification_id: int) -> None:
     schedule_all([notification_id])
 
@@ -241,15 +221,13 @@ def schedule_all(notification_ids: list[int], *, alone: Collection[int] = ()) ->
             for notification_id in notification_ids:
                 pool.submit(_deliver_here, notification_id)
         return
-    from actions.tasks import deliver_notifications
-
     together = [pk for pk in notification_ids if pk not in alone]
     batches = [[pk] for pk in notification_ids if pk in alone] + [
         together[n : n + DELIVERY_BATCH] for n in range(0, len(together), DELIVERY_BATCH)
     ]
     for batch in batches:
         try:
-            deliver_notifications.apply_async((batch,))
+            background.send(background.DELIVER_NOTIFICATIONS, batch)
         except Exception:
             logger.warning("notifications %s stay pending: the broker refused them", batch, exc_info=True)
 
@@ -326,7 +304,30 @@ def finish_background() -> None:
 def run_in_background(work: Callable[[], None]) -> None:
     """Run ``work`` in this process's dispatch thread (nothing under eager tasks, as in the
     unit tests, which dispatch when they mean to)."""
-    if _eager() and _pool is None:
+    if background.runs_where_sent() and _pool is None:
         return
     with contextlib.suppress(RuntimeError):  # stopping: the next periodic round dispatches
         _background.submit(work)
+
+
+def on_audit_head(sender: Any = None, *, published: AuditHead, **kwargs: Any) -> None:
+    """The audit's head_published signal: the webhooks subscribed to audit.head are told."""
+    body = {
+        "type": "audit.head",
+        "timestamp": moment(published.at),
+        "data": {"seq": published.seq, "head": published.head, "algorithm": "sha256"},
+    }
+    hooks = [hook for hook in Webhook.objects.filter(disabled_at=None) if "audit.head" in hook.events]
+    made = Notification.objects.bulk_create(
+        Notification(
+            event=None,
+            type="audit.head",
+            channel=Notification.Channel.WEBHOOK,
+            webhook=hook,
+            message_id=f"msg_audit_{published.pk}_w{hook.pk}",
+            payload=body,
+        )
+        for hook in hooks
+    )
+    for notification in made:
+        schedule(notification.pk)

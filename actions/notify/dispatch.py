@@ -13,10 +13,12 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, InterfaceError, OperationalError, close_old_connections, transaction
 from django.utils import timezone
 
+from actions import background
 from actions.models import (
     DeliveryAttempt,
     Fanout,
@@ -29,7 +31,10 @@ from actions.models import (
     TeamChannels,
     Webhook,
 )
+from actions.notify import delivery, process
 from actions.notify.base import ASKS_ANEW, absolute, decided_meanwhile, not_sent
+from actions.notify.delivery import deliver_due, run_in_background, schedule_all
+from actions.reads.records import run_fields, transcript_entry
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +83,6 @@ SKIPPED_BECAUSE = "_skipped_because"
 
 def interrupt_data(it: Interrupt) -> dict[str, Any]:
     """The interrupt as the API lists it (never its checkpoint), with its run and its page."""
-    from actions.api import transcript_entry
-
     return {
         **transcript_entry(it),
         "run_id": it.run_id,
@@ -91,8 +94,6 @@ def interrupt_data(it: Interrupt) -> dict[str, Any]:
 
 
 def run_data(run: Run) -> dict[str, Any]:
-    from actions.api import run_fields
-
     return {**run_fields(run), "team": run.team.slug, "url": absolute(run.get_absolute_url())}
 
 
@@ -234,8 +235,6 @@ def _to_mentioned(it: Interrupt, event: RunEvent, body: dict[str, Any], notify: 
     """A comment's @mentions: to each member named, a mail (a mention is personal: whatever the
     team routes, as long as the person has mail on; in a digest if they chose one) and, where
     Slack is set up, a direct message."""
-    from django.contrib.auth import get_user_model
-
     names = [str(name) for name in (event.detail.get("mentions") or [])]
     users = (
         get_user_model()
@@ -262,8 +261,6 @@ def _to_mentioned(it: Interrupt, event: RunEvent, body: dict[str, Any], notify: 
 
 
 def _people(it: Interrupt, kind: str, team_ids: list[int]) -> list[Any]:
-    from django.contrib.auth import get_user_model
-
     users = get_user_model().objects.filter(is_active=True)
     if kind == "interrupt.decided":
         # The one who asked, told of the answer (not when they decided it themselves).
@@ -344,8 +341,6 @@ def dispatch(runs: Collection[int] | None = None, *, after_id: int = 0) -> int:
     made. ``runs``: only those runs' events (what a commit asked for: found by the runs'
     index, however long the log); ``after_id``: only events after it. Safe to run anywhere at
     once: each event is taken by one (its Fanout row)."""
-    from actions.notify.delivery import schedule_all
-
     made = 0
     subscribers = Subscribers()
     events = RunEvent.objects.filter(
@@ -445,8 +440,6 @@ def periodic_round() -> int:
     notifier, the server without one): fan out what no commit's dispatch did, then send what
     is due (new ones missed, retries, digests), whatever became of the fanning out; how many
     were handed to their senders."""
-    from actions.notify.delivery import deliver_due
-
     try:
         dispatch_missed()
     except Exception:
@@ -474,9 +467,6 @@ def dispatch_soon(
     """The engine's team_changed signal (after commit), and what else asks for a dispatch:
     the runs it names (``changes``', ``runs`` or ``run_id``), or, naming none, every recent
     event. In the embedded server, its notifier process does it."""
-    from actions.notify import process
-    from actions.notify.delivery import run_in_background
-
     wanted = {change.run_id for change in changes} | set(runs) | ({run_id} if run_id is not None else set())
     if (notifier := process.current) is not None:
         notifier.wake(wanted or None)
@@ -500,17 +490,13 @@ def on_run_changed(sender: Any = None, *, run_id: int, finished: bool = False, *
 
 
 def _send(runs: list[int] | None) -> None:
-    from actions.tasks import dispatch_events
-
     try:
-        dispatch_events.apply_async((runs,))
+        background.send(background.DISPATCH, runs)
     except Exception:
         logger.warning("the broker refused a dispatch; the periodic round tells it", exc_info=True)
 
 
 def _dispatch_wanted() -> None:
-    from actions.notify import delivery
-
     while _wanted.is_set():
         if not _soon.acquire(blocking=False):
             return  # one is running; it sees _wanted set, and goes round again

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from actions.models import DeliveryAttempt, Notification
 from actions.notify import links
-from actions.notify.base import ASKS_DECISION, DeliveryFailed, absolute, still_for
+from actions.notify.base import ASKS_DECISION, DeliveryFailed, absolute, send_lease, skip, still_for
 
 VERDICTS = {"approved": "Approved", "rejected": "Rejected", "expired": "Expired", "cancelled": "Cancelled"}
 
@@ -80,8 +80,6 @@ def message(notification: Notification, items: list[dict[str, Any]]) -> EmailMul
 
 def _claim_digest(notification: Notification) -> list[Notification]:
     """The recipient's other digest mails that are due, claimed for this one."""
-    from actions.notify.delivery import send_lease, skip
-
     now = timezone.now()
     due = Notification.objects.filter(
         recipient_id=notification.recipient_id,

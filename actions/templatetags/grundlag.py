@@ -11,6 +11,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.timesince import timesince
 
 from actions.core import MAX_NESTING, value_problem
+from actions.reads.history import human
 
 register = template.Library()
 
@@ -137,8 +138,6 @@ def order_key(value: datetime, pk: int) -> str:
 @register.filter
 def duration(seconds: float) -> str:
     """Seconds, as people say them: 40 s, 12 min, 3.5 h, 2.1 d."""
-    from actions.web.history import human
-
     return human(float(seconds))
 
 

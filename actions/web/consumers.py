@@ -1,6 +1,6 @@
 """The reviewers' websocket: one socket per page, joined to the group of each of the user's
 teams (and of the run a run page shows). Inbox frames carry the change, rendered once for every
-page (actions.web.live); a page that misses one sees it by the stream's numbers and refetches,
+page (actions.live.push); a page that misses one sees it by the stream's numbers and refetches,
 so a frame lost while offline loses nothing."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from django.conf import settings
 from django.contrib.auth import SESSION_KEY, get_user_model
 
 from actions import metrics
+from actions.live import push as live
 from actions.models import InboxStream, Run, Team
-from actions.web import live
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
         if isinstance(self.channel_layer, InMemoryChannelLayer):
             live.bind_loop(asyncio.get_running_loop())
         await self.join(await self.team_groups())
-        # Told at once when the user's access changes (actions.web.live.recheck_sockets_of).
+        # Told at once when the user's access changes (actions.live.push.recheck_sockets_of).
         await self.channel_layer.group_add(live.user_group(user.pk), self.channel_name)
         self.user_group = live.user_group(user.pk)
         await self.accept()

@@ -12,6 +12,7 @@ from django import forms
 from django.utils.html import escape
 
 from actions.conditions import ConditionError
+from actions.core import registry
 from actions.engine import rules
 from actions.engine.rules import GRANT_LASTING
 
@@ -194,8 +195,6 @@ def answer_form(interrupt: Any, data: Any = None) -> SchemaForm | ApprovalForm:
     model's, or a plain approval.
     Never prefilled with an earlier approver's answer (N-of-M): each approver enters theirs,
     so a safeguard such as retyping an id holds for each."""
-    from actions.core import registry
-
     if interrupt.answer_schema is not None:  # the pause's own (an approval asked through the API)
         return form_for_schema(interrupt.answer_schema)(data, prefix="answer")
     act = registry.find(interrupt.action)

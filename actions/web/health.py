@@ -81,7 +81,7 @@ def _database() -> None:
 def _broker() -> None:
     if settings.CELERY_BROKER_URL.startswith("memory://"):
         return  # the embedded setup: steps run in this process's threads
-    import redis
+    import redis  # noqa: PLC0415 (Redis's client, only where Redis is configured)
 
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=CHECK_SECONDS)
     try:

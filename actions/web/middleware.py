@@ -10,15 +10,18 @@ from typing import Any
 
 import axes.middleware
 from django.conf import settings
+from django.core.checks import Error
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
+from django.utils.module_loading import import_string
 
-from actions.web.waiting import Places
+from actions.engine import idempotency
+from actions.engine.errors import DATABASE_UNAVAILABLE
+from actions.live.waiting import Places
+from actions.models import ApiToken, IdempotencyKey
 
 logger = logging.getLogger(__name__)
-
-UNAVAILABLE = "The database is unavailable right now. Nothing was changed; please try again in a moment."
 
 
 class DatabaseUnavailableMiddleware:
@@ -39,8 +42,8 @@ class DatabaseUnavailableMiddleware:
             return None
         logger.warning("database unavailable during %s %s: %s", request.method, request.path, exception)
         if request.headers.get("HX-Request"):
-            return HttpResponse(UNAVAILABLE, status=503, content_type="text/plain")
-        body = f"<!doctype html><title>Unavailable</title><h1>503</h1><p>{UNAVAILABLE}</p>"
+            return HttpResponse(DATABASE_UNAVAILABLE, status=503, content_type="text/plain")
+        body = f"<!doctype html><title>Unavailable</title><h1>503</h1><p>{DATABASE_UNAVAILABLE}</p>"
         return HttpResponse(body, status=503)
 
 
@@ -239,9 +242,6 @@ class IdempotencyMiddleware:
                 {"detail": f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters"},
                 status=400,
             )
-        from actions.engine import idempotency
-        from actions.models import ApiToken, IdempotencyKey
-
         token = ApiToken.from_authorization(request.headers.get("Authorization", ""))
         if token is None:
             return self.get_response(request)  # refused by the API's own authentication
@@ -277,8 +277,6 @@ MAX_IDEMPOTENCY_KEY = 255
 
 def replayed(first: Any, digest: str) -> HttpResponse:
     """The answer to a retry of the request that first used the key (an IdempotencyKey)."""
-    from actions.engine import idempotency
-
     if first.request_hash != digest:
         return JsonResponse(
             {
@@ -332,9 +330,6 @@ def axes_middleware_last(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """A system check in place of Axes' own (axes.W002, which looks for its middleware by name
     and so would not see this subclass): the last middleware must be Axes', or one made of it,
     or locked-out logins would not be answered as such."""
-    from django.core.checks import Error
-    from django.utils.module_loading import import_string
-
     last = settings.MIDDLEWARE[-1] if settings.MIDDLEWARE else ""
     try:
         ok = issubclass(import_string(last), axes.middleware.AxesMiddleware)
@@ -358,7 +353,7 @@ def cap_daphne_bodies(limit: int) -> None:
     connection is closed (the rest of the body is never read). Daphne has no setting for this;
     its request class (Twisted's ``Request``) is told here, once, when the ASGI app is built."""
     try:
-        from daphne.http_protocol import WebRequest
+        from daphne.http_protocol import WebRequest  # noqa: PLC0415 (daphne's, only under daphne)
     except ImportError:  # served by another ASGI server: BodyLimit still holds
         return
     if getattr(WebRequest, "grundlag_limit", None) is not None:

@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections
 
 from actions import engine, notify
-from actions.engine import audit, idempotency, steps
+from actions.engine import audit, idempotency, queue
 from actions.notify import process
 
 logger = logging.getLogger("actions")
@@ -41,7 +41,7 @@ class Command(BaseCommand):
         pool = notifier = None
         if settings.CELERY_BROKER_URL.startswith("memory://"):
             pool = ThreadPoolExecutor(settings.CELERY_WORKER_CONCURRENCY, thread_name_prefix="grundlag-step")
-            steps.run_steps_in(pool)
+            queue.run_steps_in(pool)
             # Notifications are fanned out and sent by a process of their own (on another
             # core): a big team's mails must not hold up a step, nor a slow endpoint.
             notifier = process.current = process.Notifier()

@@ -1,4 +1,5 @@
-"""What a driver is to the engine, and what the engine gives and takes at each step.
+"""The driver port: what a driver is to the engine, what the engine gives and takes at each
+step, and the registry the engine finds a run's driver in.
 
 The engine runs a step by calling ``driver.step(run, answers)``: ``answers`` holds the
 decisions of the run's pauses, by the call each was given for, the same way for every driver;
@@ -17,12 +18,10 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from actions.core import ActionResumption
-
-if TYPE_CHECKING:
-    from actions.models import Run
+from actions.core import ActionResumption, Completed, Failed, Interrupted, invoke
+from actions.models import Run
 
 
 def arguments_hash(arguments: Any) -> str:
@@ -145,7 +144,7 @@ class StepResult:
 
 
 class Driver:
-    """Runs one step of a run for one consumer (actions.drivers.driver_for)."""
+    """Runs one step of a run for one consumer (driver_for)."""
 
     # Whether a rejected pause lets the run go on (an agent's model sees the rejection as the
     # tool's result) or ends it (an action, a script).
@@ -158,3 +157,43 @@ class Driver:
         """The arguments of the call a pause with ``binding`` holds, when a reviewer may edit
         them before approving (an agent's tool call); None when its calls cannot be edited."""
         return None
+
+
+class ActionDriver(Driver):
+    """The plain-action driver: a run of one registered action, from the API or the dashboard.
+
+    Each step runs the action from the top; a step after a pause resumes it with the answer
+    that was given for it. An action pauses at most once per step, so its pauses are bound by
+    the action's name alone (call_binding)."""
+
+    def step(self, run: Run, answers: Answers) -> StepResult:
+        binding = call_binding(run.action)
+        outcome = invoke(run.action, run.input, answers.resumption_for(binding), run_id=run.pk)
+        if isinstance(outcome, Completed):
+            return StepResult(Run.Status.COMPLETED, output=outcome.output)
+        if isinstance(outcome, Interrupted):
+            pause = Pause(outcome.message, outcome.data, outcome.state, action=run.action, binding=binding)
+            return StepResult(Run.Status.INTERRUPTED, pauses=[pause])
+        assert isinstance(outcome, Failed)
+        return StepResult(Run.Status.FAILED, error=outcome.error, internal=outcome.unexpected)
+
+
+# The registry: runs of a registered consumer (an agent, a script, a service's approval) are
+# stepped by its driver (actions.drivers, registered by the app's ready()); every other runs
+# a plain action.
+_DRIVERS: dict[str, Driver] = {}
+_ACTION = ActionDriver()
+
+
+def register(consumer: str, driver: Driver) -> None:
+    _DRIVERS[consumer] = driver
+
+
+def driver_for(consumer: str) -> Driver:
+    return _DRIVERS.get(consumer, _ACTION)
+
+
+def runs_an_action(consumer: str) -> bool:
+    """Whether the run's ``action`` names a registered action (its input is validated by it),
+    rather than a driver's own kind of run (an agent, a script)."""
+    return consumer not in _DRIVERS

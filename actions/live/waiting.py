@@ -46,7 +46,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.http import HttpRequest
 from ninja.throttling import BaseThrottle, SimpleRateThrottle
 
-from actions.engine import steps, store
+from actions.engine import queue, store
 from actions.models import ApiToken, Run
 
 logger = logging.getLogger(__name__)
@@ -219,7 +219,7 @@ def covers_all_changes() -> bool:
     database without them) the steps run in this process."""
     if _Listener.wanted():
         return _Listener.listening.is_set() and _Listener.told.is_set()
-    return steps.runs_here()
+    return queue.runs_here()
 
 
 class _Listener:
@@ -282,7 +282,7 @@ class _Listener:
 
     @classmethod
     def _run(cls) -> None:
-        import psycopg
+        import psycopg  # noqa: PLC0415 (PostgreSQL's driver, only on PostgreSQL)
 
         backoff = 0.5
         while cls.wanted() and not cls._stopping.is_set():
