@@ -6,14 +6,20 @@ BIN := $(VENV)/bin
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: run dev test lint format lock venv node clean bench screenshots scaled
+.PHONY: run dev test check lint docs format lock venv runtime node clean bench bench-check screenshots scaled
 
-$(BIN)/.installed: requirements.txt requirements-dev.txt
+# What the server needs (make run), then what the tests, linters and docs need on top.
+$(BIN)/.runtime: requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements.txt
+	touch $@
+
+$(BIN)/.installed: $(BIN)/.runtime requirements-dev.txt
 	$(BIN)/pip install --quiet -r requirements-dev.txt
 	touch $@
 
+runtime: $(BIN)/.runtime
 venv: $(BIN)/.installed
 
 # The official TypeScript MCP SDK and Standard Webhooks library the tests judge /mcp/ and the
@@ -26,19 +32,32 @@ node: $(NODE_MODULES)
 
 # DEBUG stays off (the default): an error page shows nothing of the settings. Cookies are not
 # marked Secure because this serves plain HTTP on 127.0.0.1; behind HTTPS they are (README).
-run: venv
-	$(BIN)/python manage.py migrate --noinput
+# Scripts run under bubblewrap: the system's bwrap (Debian's bubblewrap package).
+run: runtime
+	$(BIN)/python manage.py migrate --noinput -v0
+	$(BIN)/python manage.py collectstatic --noinput -v0
 	PORT=$(PORT) $(BIN)/python manage.py seed_demo
+	@command -v bwrap >/dev/null || echo "Note: scripts need bubblewrap (apt-get install bubblewrap); everything else works without it."
 	PORT=$(PORT) SECURE_COOKIES=false exec $(BIN)/python manage.py serve --port $(PORT)
 
 # The same with Django's debug pages, for development only.
-dev: venv
-	$(BIN)/python manage.py migrate --noinput
+dev: runtime
+	$(BIN)/python manage.py migrate --noinput -v0
 	PORT=$(PORT) $(BIN)/python manage.py seed_demo
 	PORT=$(PORT) DEBUG=true exec $(BIN)/python manage.py serve --port $(PORT)
 
-test: venv node lint
-	$(BIN)/pytest $(PYTEST_ARGS)
+# The whole suite, on SQLite and PostgreSQL (GRUNDLAG_TEST_DATABASES=sqlite for one), in two
+# processes (pytest-xdist); the docs site is built strictly.
+test: venv node lint docs
+	$(BIN)/pytest -n 2 $(PYTEST_ARGS)
+
+# The inner loop, under a minute: lint, types, and the tests that start no process, on SQLite.
+check: venv lint
+	GRUNDLAG_TEST_DATABASES=sqlite $(BIN)/pytest -n 2 -q -m "not integration and not browser and not slow" $(PYTEST_ARGS)
+
+# The docs site (mkdocs.yml, docs/), built with every warning an error.
+docs: venv
+	$(BIN)/mkdocs build --strict --quiet -d /tmp/grundlag-site
 
 lint: venv
 	$(BIN)/ruff check .
@@ -59,7 +78,7 @@ lock:
 	(echo "-r requirements.txt"; /tmp/grundlag-lock/bin/pip freeze --exclude pip | grep -vxF -f requirements.txt) > requirements-dev.txt
 
 clean:
-	rm -rf $(VENV) tests/node/node_modules .pytest_cache .mypy_cache .ruff_cache staticfiles test.sqlite3*
+	rm -rf $(VENV) tests/node/node_modules .pytest_cache .mypy_cache .ruff_cache staticfiles test.sqlite3* /tmp/grundlag-site
 
 # The scaled topology locally: PostgreSQL + Redis (Debian packages), 2 daphne, 2 workers, beat.
 scaled: venv

@@ -8,11 +8,13 @@
 
 A module opts in with ``pytest.mark.usefixtures("steps", "database")``; ``pytest --collect-only``
 lists each test once per variant, e.g. ``test_x[worker-postgresql]``. Without PostgreSQL
-installed its variant fails, saying so (`.ci/run` installs it).
+installed its variant fails, saying so (`.ci/run` installs it). GRUNDLAG_TEST_DATABASES picks
+the variants (``sqlite,postgresql`` by default; ``sqlite`` alone is `make check`'s).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,6 +46,13 @@ def steps(request: pytest.FixtureRequest, settings: Any) -> str:
 
 
 POSTGRESQL = "postgresql"  # the database alias of the PostgreSQL variant
+DATABASES_UNDER_TEST = [
+    name.strip() for name in os.environ.get("GRUNDLAG_TEST_DATABASES", "sqlite,postgresql").split(",")
+]
+if not DATABASES_UNDER_TEST or set(DATABASES_UNDER_TEST) - {"sqlite", POSTGRESQL}:
+    raise pytest.UsageError(
+        "GRUNDLAG_TEST_DATABASES is a list of sqlite and postgresql, e.g. 'sqlite,postgresql'"
+    )
 _postgresql: dict[str, Any] = {}  # the session's server, or why it could not start
 
 
@@ -115,7 +124,7 @@ def postgres() -> Iterator[Any]:
     server.cleanup()
 
 
-@pytest.fixture(params=["sqlite", POSTGRESQL])
+@pytest.fixture(params=DATABASES_UNDER_TEST)
 def database(request: pytest.FixtureRequest) -> Iterator[str]:
     """In the PostgreSQL variant, the default connection (the one the engine, the ORM and
     Django's transactions use) is the PostgreSQL test database's until the test ends: this

@@ -362,3 +362,32 @@ def test_a_connection_closed_under_django_is_not_kept(database: Path) -> None:
     raw.close()  # as when the database went away
     connection.close()
     assert raw_of(wrapper(database)) is not raw
+
+
+# The methods of Django's SQLite backend that grundlag_site/db/sqlite3/base.py overrides (the
+# private ones have no stability promise), as Django writes them: a Django release that changes
+# one fails here, to be read before the override is trusted again (then update the digest).
+DJANGO_METHODS = {
+    "_start_transaction_under_autocommit": "7315cfc61c1dde12",
+    "_commit": "8ebc361e1e8fcb8d",
+    "_rollback": "d671ec3bb3c8ed44",
+    "_close": "d1a3f0e9a11cd084",
+    "get_new_connection": "99ddcd0012130edd",
+}
+
+
+def test_the_methods_the_backend_overrides_are_still_what_django_wrote() -> None:
+    import hashlib
+    import inspect
+
+    from django.db.backends.sqlite3 import base as django_sqlite
+
+    from grundlag_site.db.sqlite3 import base as ours
+
+    for name, digest in DJANGO_METHODS.items():
+        assert name in vars(ours.DatabaseWrapper), f"{name} is no longer overridden: drop it here"
+        theirs = getattr(django_sqlite.DatabaseWrapper, name)
+        source = inspect.getsource(theirs)
+        assert hashlib.sha256(source.encode()).hexdigest()[:16] == digest, (
+            f"Django changed DatabaseWrapper.{name}: check grundlag_site/db/sqlite3/base.py against it"
+        )

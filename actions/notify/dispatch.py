@@ -33,7 +33,6 @@ from actions.models import (
 )
 from actions.notify import delivery, process
 from actions.notify.base import ASKS_ANEW, absolute, decided_meanwhile, not_sent
-from actions.notify.delivery import deliver_due, run_in_background, schedule_all
 from actions.reads.records import run_fields, transcript_entry
 
 logger = logging.getLogger(__name__)
@@ -361,7 +360,7 @@ def dispatch(runs: Collection[int] | None = None, *, after_id: int = 0) -> int:
             hooks = {n.pk for n in told if n.webhook_id is not None}
             due = [n.pk for n in told if n.outcome == Notification.Outcome.PENDING]
             if due:
-                transaction.on_commit(functools.partial(schedule_all, due, alone=hooks))
+                transaction.on_commit(functools.partial(delivery.schedule_all, due, alone=hooks))
     return made
 
 
@@ -444,7 +443,7 @@ def periodic_round() -> int:
         dispatch_missed()
     except Exception:
         logger.exception("fanning out missed events failed; the next round tries again")
-    return deliver_due()
+    return delivery.deliver_due()
 
 
 # After a commit that logged something worth telling, the dispatcher runs soon, once however
@@ -474,7 +473,7 @@ def dispatch_soon(
     with _wanted_lock:
         _wanted_runs.update(wanted or {EVERY_RUN})
     _wanted.set()
-    run_in_background(_dispatch_wanted)
+    delivery.run_in_background(_dispatch_wanted)
 
 
 def on_discussed(sender: Any = None, *, run_id: int, mentions: list[str], **kwargs: Any) -> None:

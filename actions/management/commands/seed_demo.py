@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
@@ -119,6 +120,9 @@ class Command(BaseCommand):
 
         started = 0
         if not options["no_runs"] and not Run.objects.filter(team=team).exists():
+            # Their first steps run here, as each is committed: the server starts with them
+            # paused in the inbox, not queued by a process that is gone.
+            settings.GRUNDLAG_INLINE_STEPS = True
             for action_name, payload in DEMO_RUNS:
                 engine.start_run(action_name, payload, team, people["reviewer2"], Run.Consumer.DASHBOARD)
                 started += 1

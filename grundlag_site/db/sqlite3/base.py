@@ -136,6 +136,8 @@ class DatabaseWrapper(base.DatabaseWrapper):
         # What a new connection is opened with, and what is run on it as it opens.
         return (repr(sorted(conn_params.items())), self.settings_dict["OPTIONS"].get("init_command", ""))
 
+    # Overridden: a kept connection is handed out instead of opening one (Django has no pool
+    # for SQLite). tests/test_sqlite_writers.py fails when Django changes the methods below.
     def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
         path = str(conn_params["database"])
         if not self.is_in_memory_db() and (raw := _idle.take(self._idle_key(conn_params), path)):
@@ -151,6 +153,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
         raw.pid, raw.file, raw.born = os.getpid(), _file(path), time.monotonic()
         return raw
 
+    # Overridden: the only place Django begins a transaction; the writers queue here first.
     def _start_transaction_under_autocommit(self) -> None:
         if not self._holds_writer:
             timeout = float(self.settings_dict["OPTIONS"].get("timeout", 5))
@@ -197,6 +200,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
                 time.sleep(min(max(held, 0.0002), MAX_YIELD_SECONDS))
             _writer.release()
 
+    # Overridden (with _rollback): where a transaction ends, the next writer's turn begins.
     def _commit(self) -> Any:
         try:
             return super()._commit()  # type: ignore[misc]
@@ -209,6 +213,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
         finally:
             self._release_writer()
 
+    # Overridden: a clean connection goes back to the idle pool instead of being closed.
     def _close(self) -> Any:
         try:
             raw = self.connection
