@@ -5,6 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
 PYTEST_ARGS ?=
+CHECK_DB ?= /tmp/grundlag-check-$(shell id -u).sqlite3
 
 .PHONY: run dev test check lint docs format lock venv runtime node clean bench bench-check screenshots scaled
 
@@ -51,13 +52,15 @@ dev: runtime
 test: venv node lint docs
 	$(BIN)/pytest -n 2 $(PYTEST_ARGS)
 
-# The inner loop, under a minute: lint, types, and the tests that start no process, on SQLite.
+# The inner loop, under a minute: lint, types, and the tests that start no process, with the
+# worker steps on SQLite (its test databases kept between runs: migrations are applied anew).
 check: venv lint
-	GRUNDLAG_TEST_DATABASES=sqlite $(BIN)/pytest -n 2 -q -m "not integration and not browser and not slow" $(PYTEST_ARGS)
+	GRUNDLAG_TEST_DATABASES=sqlite GRUNDLAG_TEST_STEPS=worker TEST_SQLITE_NAME=$(CHECK_DB) \
+	  $(BIN)/pytest -n 2 -q --reuse-db -m "not integration and not browser and not slow" $(PYTEST_ARGS)
 
 # The docs site (mkdocs.yml, docs/), built with every warning an error.
 docs: venv
-	$(BIN)/mkdocs build --strict --quiet -d /tmp/grundlag-site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -d /tmp/grundlag-site
 
 lint: venv
 	$(BIN)/ruff check .
@@ -78,7 +81,7 @@ lock:
 	(echo "-r requirements.txt"; /tmp/grundlag-lock/bin/pip freeze --exclude pip | grep -vxF -f requirements.txt) > requirements-dev.txt
 
 clean:
-	rm -rf $(VENV) tests/node/node_modules .pytest_cache .mypy_cache .ruff_cache staticfiles test.sqlite3* /tmp/grundlag-site
+	rm -rf $(VENV) tests/node/node_modules .pytest_cache .mypy_cache .ruff_cache staticfiles test.sqlite3* /tmp/grundlag-site $(CHECK_DB)_*
 
 # The scaled topology locally: PostgreSQL + Redis (Debian packages), 2 daphne, 2 workers, beat.
 scaled: venv

@@ -8,8 +8,9 @@
 
 A module opts in with ``pytest.mark.usefixtures("steps", "database")``; ``pytest --collect-only``
 lists each test once per variant, e.g. ``test_x[worker-postgresql]``. Without PostgreSQL
-installed its variant fails, saying so (`.ci/run` installs it). GRUNDLAG_TEST_DATABASES picks
-the variants (``sqlite,postgresql`` by default; ``sqlite`` alone is `make check`'s).
+installed its variant fails, saying so (`.ci/run` installs it). GRUNDLAG_TEST_DATABASES and
+GRUNDLAG_TEST_STEPS pick the variants (both of each by default; `make check` runs the worker
+steps on SQLite).
 """
 
 from __future__ import annotations
@@ -39,20 +40,34 @@ def _tasks_run_inline() -> None:
 # The variants
 
 
-@pytest.fixture(params=["worker", "inline"])
+@pytest.fixture(autouse=True)
+def _quick_password_hashes(request: pytest.FixtureRequest, settings: Any) -> None:
+    """A password hashed as deployed (PBKDF2, a million rounds) takes a quarter of a second:
+    the tests that make a few users each spent most of their time there. Tests in this process
+    hash with MD5; those that start servers (tests/integration), whose processes check the
+    passwords too, keep the deployed hasher."""
+    if "integration" not in request.node.path.parts:
+        settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def _variants(name: str, default: str, allowed: set[str]) -> list[str]:
+    chosen = [each.strip() for each in os.environ.get(name, default).split(",") if each.strip()]
+    if not chosen or set(chosen) - allowed:
+        raise pytest.UsageError(f"{name} is a list of {' and '.join(sorted(allowed))}, e.g. {default!r}")
+    return chosen
+
+
+STEPS_UNDER_TEST = _variants("GRUNDLAG_TEST_STEPS", "worker,inline", {"worker", "inline"})
+
+
+@pytest.fixture(params=STEPS_UNDER_TEST)
 def steps(request: pytest.FixtureRequest, settings: Any) -> str:
     settings.GRUNDLAG_INLINE_STEPS = request.param == "inline"
     return str(request.param)
 
 
 POSTGRESQL = "postgresql"  # the database alias of the PostgreSQL variant
-DATABASES_UNDER_TEST = [
-    name.strip() for name in os.environ.get("GRUNDLAG_TEST_DATABASES", "sqlite,postgresql").split(",")
-]
-if not DATABASES_UNDER_TEST or set(DATABASES_UNDER_TEST) - {"sqlite", POSTGRESQL}:
-    raise pytest.UsageError(
-        "GRUNDLAG_TEST_DATABASES is a list of sqlite and postgresql, e.g. 'sqlite,postgresql'"
-    )
+DATABASES_UNDER_TEST = _variants("GRUNDLAG_TEST_DATABASES", "sqlite,postgresql", {"sqlite", POSTGRESQL})
 _postgresql: dict[str, Any] = {}  # the session's server, or why it could not start
 
 
@@ -95,6 +110,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The PostgreSQL variant's tests may use its database (pytest-django creates a test
     database for every alias a collected test asks for). A server that cannot start fails
     only those tests."""
+    if POSTGRESQL not in DATABASES_UNDER_TEST:
+        # Without PostgreSQL under test, what needs its server (LISTEN/NOTIFY, the scaled
+        # setup) is not collected either.
+        needs = [
+            item for item in items if _on_postgresql(item) or "postgres" in getattr(item, "fixturenames", ())
+        ]
+        if needs:
+            config.hook.pytest_deselected(items=needs)
+            items[:] = [item for item in items if item not in needs]
     variant = [item for item in items if _on_postgresql(item)]
     if not variant or config.option.collectonly:
         return

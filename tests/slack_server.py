@@ -55,7 +55,9 @@ class SlackServer:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        ).start()
 
     def add_user(self, user_id: str, email: str, *, confirmed: bool = True, team: str = "T0TEST") -> None:
         self.users[user_id] = {

@@ -246,7 +246,7 @@ class FakeOpenAI(BaseHTTPRequestHandler):
 @pytest.fixture
 def openai_server(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeOpenAI]]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeOpenAI)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     monkeypatch.setenv("LOCAL_TEST_KEY", "sk-local-test")
     settings.GRUNDLAG_MODELS = {

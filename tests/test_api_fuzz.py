@@ -38,6 +38,7 @@ def bearer(transactional_db: Any) -> dict[str, str]:
     return {"Authorization": f"Bearer {ApiToken.issue(team, 'fuzz')[1]}"}
 
 
+@pytest.mark.slow  # a minute: make test runs it, make check does not
 @schema.parametrize()
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_request_breaks_the_api(case: Any, bearer: dict[str, str]) -> None:

@@ -78,6 +78,7 @@ def test_the_list_pages_are_what_the_client_pages_through(document: dict[str, An
         assert properties["items"]["items"]["$ref"].endswith(f"/{item}")
 
 
+@pytest.mark.slow  # pip builds and installs it
 def test_the_package_installs_with_pip_from_its_directory(tmp_path: Path) -> None:
     # From a copy: a build writes beside the sources (build/, *.egg-info), not in the checkout.
     source = shutil.copytree(

@@ -12,7 +12,7 @@ from django.core.cache import cache
 from django.core.management import call_command
 from django.test import Client
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 PROXY = "127.0.0.1"  # trusted by default (TRUSTED_PROXIES)
 WRONG = "Please enter a correct username and password"

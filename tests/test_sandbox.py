@@ -15,7 +15,8 @@ from actions.drivers.sandbox import run_script, start_script
 from actions.models import Run, Team
 
 # Runs with steps in workers and inline (tests/conftest.py).
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps")]
+# Slow: each script runs in a child process (make test runs them, make check does not).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps"), pytest.mark.slow]
 
 
 def script(team: Team, source: str, **payload: Any) -> Run:

@@ -42,12 +42,14 @@ def start_with(**env: str) -> subprocess.CompletedProcess[str]:
         ),
     ],
 )
+@pytest.mark.slow  # starts the settings in a process of their own
 def test_a_bad_setting_stops_the_process_naming_the_variable(env: dict[str, str], message: str) -> None:
     result = start_with(**env)
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and message in result.stderr
 
 
+@pytest.mark.slow  # starts the settings in a process of their own
 def test_the_defaults_run_on_one_machine() -> None:
     result = start_with()
     assert result.returncode == 0, result.stderr
@@ -68,6 +70,7 @@ def settings_of(var_dir: Path, *names: str, **env: str) -> list[str]:
     return [line[2:] for line in result.stdout.splitlines() if line.startswith("= ")]
 
 
+@pytest.mark.slow  # starts the settings in a process of their own
 def test_by_default_debug_is_off_and_the_servers_files_are_its_own(tmp_path: Path) -> None:
     var = tmp_path / "var"
     debug, key, database = settings_of(var, "DEBUG", "SECRET_KEY", "DATABASES['default']['NAME']")
@@ -80,6 +83,7 @@ def test_by_default_debug_is_off_and_the_servers_files_are_its_own(tmp_path: Pat
     assert (Path(database).stat().st_mode & 0o777) == 0o600
 
 
+@pytest.mark.slow  # starts the settings in a process of their own
 def test_links_follow_the_port_make_run_serves_on_unless_the_base_url_is_set(tmp_path: Path) -> None:
     """Mails, webhooks and MCP results linked to port 8000 under `PORT=8170 make run` (issue 36)."""
     var = tmp_path / "var"
@@ -90,6 +94,7 @@ def test_links_follow_the_port_make_run_serves_on_unless_the_base_url_is_set(tmp
     ) == ["https://approvals.example.com"]
 
 
+@pytest.mark.slow  # starts the settings in a process of their own
 def test_sqlite_connections_take_their_checkpoint_size_from_the_environment(tmp_path: Path) -> None:
     pragma = (
         "from django.db import connection as c; "
