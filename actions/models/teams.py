@@ -1,0 +1,153 @@
+"""Teams, their inbox streams, API tokens and idempotency keys; who acted (Actor)."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import models
+from django.utils import timezone
+
+
+class Team(models.Model):
+    """A shared inbox. Its members are the reviewers of its interrupts."""
+
+    name = models.CharField(max_length=100)
+    slug = models.SlugField(max_length=100, unique=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="teams", blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    # Changed (to a random number) whenever the team's rules or grants change: each process
+    # keeps them compiled (actions.engine.rules) and reads only this to know they are current.
+    rules_version = models.BigIntegerField(default=0, editable=False)
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # Never written back from a loaded instance: a team saved in the admin while a rule
+        # changed would put the old version back, and processes would keep the old rules.
+        if not self._state.adding and kwargs.get("update_fields") is None:
+            kwargs["update_fields"] = [
+                f.name for f in self._meta.concrete_fields if not f.primary_key and f.name != "rules_version"
+            ]
+        super().save(*args, **kwargs)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class InboxStream(models.Model):
+    """The sequence number of a team's inbox stream: one more for every change of the team's
+    pending interrupts, counted in the transaction that makes the change. Pages follow it to
+    know they missed nothing (actions.live.push); a gap makes them refetch."""
+
+    team = models.OneToOneField(Team, models.CASCADE, primary_key=True, related_name="inbox_stream")
+    seq = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.team_id}: {self.seq}"
+
+
+def hash_token(key: str) -> str:
+    # Tokens are 256 random bits, so a fast hash is enough: there is nothing to brute-force.
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class ApiToken(models.Model):
+    """A bearer token for the HTTP API. It acts for one team; only its hash is stored."""
+
+    team = models.ForeignKey(Team, models.CASCADE, related_name="tokens")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=12, editable=False)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["team", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @classmethod
+    def issue(cls, team: Team, name: str) -> tuple[ApiToken, str]:
+        """Create a token and return it with its key, which is shown once and never stored."""
+        key = "gl_" + secrets.token_urlsafe(32)
+        token = cls.objects.create(team=team, name=name, prefix=key[:10], key_hash=hash_token(key))
+        return token, key
+
+    @classmethod
+    def authenticate(cls, key: str) -> ApiToken | None:
+        try:
+            # get(), not first(): one row or none, so no ORDER BY (the model's, by team name,
+            # took a join and a third of the query's compiling, on every API request).
+            token = cls.objects.select_related("team").get(key_hash=hash_token(key), revoked_at=None)
+        except cls.DoesNotExist:
+            return None
+        now = timezone.now()
+        # Written at most once a minute: a busy client must not turn reads into writes.
+        if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+            cls.objects.filter(pk=token.pk).update(last_used_at=now)
+            token.last_used_at = now
+        return token
+
+    @classmethod
+    def from_authorization(cls, header: str) -> ApiToken | None:
+        """The token an ``Authorization: Bearer <key>`` header names, if it is one in force
+        (for what authenticates outside ninja: the idempotency middleware, the MCP endpoint)."""
+        scheme, _, key = header.partition(" ")
+        return cls.authenticate(key.strip()) if scheme.lower() == "bearer" and key.strip() else None
+
+    def revoke(self) -> None:
+        ApiToken.objects.filter(pk=self.pk, revoked_at=None).update(revoked_at=timezone.now())
+        self.refresh_from_db(fields=["revoked_at"])
+
+
+class IdempotencyKey(models.Model):
+    """A POST to the API sent with an ``Idempotency-Key`` (Stripe's semantics): the request it
+    was first sent with, and once answered, the answer, replayed to a retry with the same key.
+
+    The row is written in the transaction of the change the request made (a run started, an
+    interrupt decided), so that the change and the key are kept together or not at all: a
+    request that changed nothing (refused, invalid) keeps no key, and may be sent again. Kept
+    24 hours per token (actions.engine.idempotency.prune, in the periodic round)."""
+
+    token = models.ForeignKey(ApiToken, models.CASCADE, related_name="+", db_index=False)
+    key = models.CharField(max_length=255)
+    # SHA-256 of the method, path and body: the same key with another request is refused.
+    request_hash = models.CharField(max_length=64)
+    # The run the change was made to (where it was one), for a retry to be told of it should
+    # the first request never have been answered (its process stopped).
+    run = models.ForeignKey("Run", models.SET_NULL, null=True, blank=True, related_name="+", db_index=False)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    # The first answer, once it was given: None while the request is still being answered.
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    response = models.BinaryField(null=True, blank=True)
+    content_type = models.CharField(max_length=100, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["token", "key"], name="idempotency_token_key")]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.token})"
+
+
+Actor = AbstractBaseUser | AnonymousUser | ApiToken | None
+
+
+def actor_name(by: Actor) -> str:
+    if isinstance(by, ApiToken):
+        return f"API token {by.name}"
+    if by is None or not by.is_authenticated:
+        return "system"
+    return str(by.get_username())
+
+
+def actor_user(by: Actor) -> Any:
+    if isinstance(by, ApiToken) or by is None or not by.is_authenticated:
+        return None
+    return by
