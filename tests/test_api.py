@@ -104,7 +104,7 @@ def test_a_paused_runs_description_reads_the_run_and_its_interrupt_in_one_query_
     read would cost one more), and for a finished run no interrupt query at all."""
     from django.test import RequestFactory
 
-    from actions import api as endpoints
+    from actions.api import responses as endpoints
 
     started = api.post(
         "/runs", {"action": "send_invoice", "input": {"invoice_id": "Q-1", "amount": 3}}

@@ -122,7 +122,7 @@ async def test_a_waiting_api_request_answers_as_soon_as_the_run_changes_not_at_i
     from asgiref.sync import sync_to_async
     from django.test import RequestFactory
 
-    from actions import api
+    from actions.api import responses as api
 
     monkeypatch.setattr(waiting, "FAST_POLL_SECONDS", (60.0, 60.0))
     settings.GRUNDLAG_WAIT_POLL_SECONDS = 60.0

@@ -219,7 +219,7 @@ def test_prefer_wait_answers_on_the_notification_not_on_its_fallback_poll(
 ) -> None:
     from django.test import RequestFactory
 
-    from actions import api
+    from actions.api import responses as api
 
     settings.GRUNDLAG_WAIT_POLL_SECONDS = 60.0
     run = Run.objects.create(action="send_invoice", input={}, team=team, status="running")
