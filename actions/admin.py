@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from actions import engine, notify
 from actions.conditions import ConditionError
 from actions.core import describe_errors, field_errors, registry
-from actions.engine import rules
+from actions.engine import dry_run, grants, rules
 from actions.models import (
     PERSON_EVENTS,
     ApiToken,
@@ -257,7 +257,7 @@ class TeamRuleAdmin(GuardedAdmin):
             rule.pk,
             (rule.position, rule.pk or 2**62),
         )
-        looked, held, failed = rules.dry_run(rule.team, compiled, self.DRY_RUN_LIMIT)
+        looked, held, failed = dry_run.run(rule.team, compiled, self.DRY_RUN_LIMIT)
         agreeing = [each.agrees for each in held]
         return {
             "looked": looked,
@@ -292,7 +292,7 @@ class GrantAdmin(GuardedAdmin):
 
     @admin.action(description="Revoke the selected grants now")
     def revoke(self, request: HttpRequest, queryset: Any) -> None:
-        done = sum(rules.revoke_grant(grant, request.user) for grant in queryset)
+        done = sum(grants.revoke_grant(grant, request.user) for grant in queryset)
         self.message_user(request, f"Revoked {done} grant{'s' if done != 1 else ''}.")
 
 

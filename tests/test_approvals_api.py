@@ -16,7 +16,7 @@ from django.test import Client
 from django.utils import timezone
 
 from actions import engine
-from actions.engine import idempotency
+from actions.engine import grants, idempotency
 from actions.models import IdempotencyKey, Interrupt, Policy, Run, RunEvent, Team, TeamRule, Webhook
 from tests.conftest import member
 from tests.test_api import Api
@@ -414,11 +414,10 @@ def test_a_rules_answer_must_fit_the_schema_or_people_decide(api: Api, team: Tea
 
 
 def test_a_standing_grant_covers_the_same_question_only(api: Api, team: Team, reviewer: User) -> None:
-    from actions.engine import rules
 
     first = ask(api, data={"service": "billing"}).json()
     it = the_interrupt(first["id"])
-    rules.give_grant(it, reviewer, lasting="hour", answer={"approved": True, "comment": ""})
+    grants.give_grant(it, reviewer, lasting="hour", answer={"approved": True, "comment": ""})
     engine.resume(it, {"approved": True, "comment": ""}, reviewer)
     same = ask(api, data={"service": "billing"}).json()
     other_question = ask(api, message="Drop the billing database?", data={"service": "billing"}).json()
@@ -433,12 +432,11 @@ def test_a_grant_on_a_services_question_covers_that_question_only_condition_or_n
     """With a condition, a grant given on one question approved other questions from the same
     token; the README says "the same question only" (issue 36). The question is its message,
     data and answer schema; a condition narrows it further, never widens it."""
-    from actions.engine import rules
 
     first = ask(api, data={"service": "billing"}).json()
     it = the_interrupt(first["id"])
     approve = {"approved": True, "comment": ""}
-    rules.give_grant(it, reviewer, lasting="hour", condition=condition, answer=approve)
+    grants.give_grant(it, reviewer, lasting="hour", condition=condition, answer=approve)
     engine.resume(it, {"approved": True, "comment": ""}, reviewer)
     same = ask(api, data={"service": "billing"}).json()
     others = [

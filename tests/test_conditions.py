@@ -22,7 +22,7 @@ from actions.conditions import (
     compile_condition,
 )
 from actions.core import ActionContext, ActionInterrupt, action
-from actions.engine import rules
+from actions.engine import grants
 from actions.models import Grant, Interrupt, RunEvent, Team, TeamRule
 
 TEN = "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]"
@@ -225,7 +225,7 @@ class TestThroughTheEngine:
     ) -> None:
         first = self.start(team, [1, 2], by=requester)
         engine.resume(first, {"approved": True}, reviewer)
-        grant = rules.give_grant(first, reviewer, lasting="revoked", condition=PAIRS)
+        grant = grants.give_grant(first, reviewer, lasting="revoked", condition=PAIRS)
         assert self.start(team, [5, 6], by=requester).decided_via == "grant"
         it = self.start(team, HUGE, by=requester)
         assert it.status == "pending"

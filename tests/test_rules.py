@@ -26,7 +26,7 @@ from actions.core import (
     Rule,
     action,
 )
-from actions.engine import rules
+from actions.engine import delegation, grants, rules
 from actions.models import Delegation, Grant, Interrupt, Run, RunEvent, Team, TeamRule
 from tests.conftest import member
 
@@ -264,7 +264,7 @@ def test_a_grant_for_the_same_arguments_and_requester_approves_later_calls(
 ) -> None:
     first = only(start(team, "rules_refund", 30, by=requester))
     engine.resume(first, {"approved": True, "comment": "ok"}, reviewer)
-    grant = rules.give_grant(first, reviewer, lasting="hour", answer={"approved": True, "comment": "ok"})
+    grant = grants.give_grant(first, reviewer, lasting="hour", answer={"approved": True, "comment": "ok"})
     second = only(start(team, "rules_refund", 30, by=requester))
     assert (second.status, second.decided_via) == ("approved", "grant")
     assert second.decided_by_name == f"grant #{grant.pk} (reviewer1)"
@@ -280,18 +280,18 @@ def test_a_grant_by_condition_expires_and_is_revoked_at_once(
 ) -> None:
     first = only(start(team, "rules_refund", 30, by=requester))
     engine.resume(first, {"approved": True}, reviewer)
-    grant = rules.give_grant(first, reviewer, lasting="revoked", condition="data.amount <= 50.0")
+    grant = grants.give_grant(first, reviewer, lasting="revoked", condition="data.amount <= 50.0")
     assert only(start(team, "rules_refund", 45, by=requester)).status == "approved"
     assert only(start(team, "rules_refund", 60, by=requester)).status == "pending"
-    assert rules.revoke_grant(grant, reviewer) is True
-    assert rules.revoke_grant(grant, reviewer) is False
+    assert grants.revoke_grant(grant, reviewer) is True
+    assert grants.revoke_grant(grant, reviewer) is False
     assert only(start(team, "rules_refund", 45, by=requester)).status == "pending"
-    hourly = rules.give_grant(first, reviewer, lasting="hour", condition="true")
+    hourly = grants.give_grant(first, reviewer, lasting="hour", condition="true")
     Grant.objects.filter(pk=hourly.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     rules.rules_changed(team.pk)
     assert only(start(team, "rules_refund", 45, by=requester)).status == "pending"
-    with pytest.raises(rules.GrantRefused, match="column 14"):
-        rules.give_grant(first, reviewer, lasting="hour", condition="data.amount <")
+    with pytest.raises(grants.GrantRefused, match="column 14"):
+        grants.give_grant(first, reviewer, lasting="hour", condition="data.amount <")
 
 
 def test_a_routed_teams_grant_is_judged_before_the_transaction_over_its_own_name(
@@ -306,7 +306,7 @@ def test_a_routed_teams_grant_is_judged_before_the_transaction_over_its_own_name
     first = only(start(team, "rules_refund", 30, by=requester, customer="carol"))
     payroll = member(other_team, "payroll9")
     engine.resume(first, {"approved": True}, payroll)
-    rules.give_grant(first, payroll, lasting="revoked", condition='data.amount <= 50.0 && team == "payroll"')
+    grants.give_grant(first, payroll, lasting="revoked", condition='data.amount <= 50.0 && team == "payroll"')
     judged_in_a_transaction = []
     holds = rules.holds
 
@@ -338,7 +338,7 @@ def test_one_approve_says_what_it_made_and_gives_its_grant_in_the_same_transacti
     assert (third.interrupt.status, third.approvals) == ("approved", 2)
 
     nobody = only(start(team, "rules_refund", 30))  # no requester: only a grant for this run
-    with pytest.raises(rules.GrantRefused, match="no requester"):
+    with pytest.raises(grants.GrantRefused, match="no requester"):
         engine.approve(nobody, {"approved": True}, reviewer, grant=engine.GrantAsked("hour"))
     nobody.refresh_from_db()
     assert nobody.status == "pending" and not Grant.objects.exists()  # neither
@@ -357,9 +357,9 @@ def test_one_approve_says_what_it_made_and_gives_its_grant_in_the_same_transacti
 
 def test_a_grant_for_this_run_covers_only_the_run(team: Team, reviewer: User) -> None:
     first = only(start(team, "rules_refund", 30))
-    with pytest.raises(rules.GrantRefused, match="no requester"):
-        rules.give_grant(first, reviewer, lasting="hour")
-    grant = rules.give_grant(first, reviewer, lasting="run")
+    with pytest.raises(grants.GrantRefused, match="no requester"):
+        grants.give_grant(first, reviewer, lasting="hour")
+    grant = grants.give_grant(first, reviewer, lasting="run")
     assert grant.run_id == first.run_id and grant.expires_at is None
     assert only(start(team, "rules_refund", 30)).status == "pending"  # another run
 
@@ -373,7 +373,7 @@ def test_no_grant_lets_its_giver_approve_what_they_may_not(
     mine = only(start(team, "rules_separated", 30, by=reviewer))
     other = only(start(team, "rules_separated", 30, by=requester))
     engine.resume(other, {"approved": True}, reviewer)
-    rules.give_grant(other, reviewer, lasting="revoked", condition="true")
+    grants.give_grant(other, reviewer, lasting="revoked", condition="true")
     assert only(start(team, "rules_separated", 30, by=requester)).status == "approved"
     assert mine.status == "pending"
     Grant.objects.create(
@@ -385,8 +385,8 @@ def test_no_grant_lets_its_giver_approve_what_they_may_not(
     rules.rules_changed(team.pk)
     assert only(start(team, "rules_separated", 30, by=requester)).status == "pending"
     manual = only(start(team, "rules_manual", 1, by=requester))
-    with pytest.raises(rules.GrantRefused, match="automatically"):
-        rules.give_grant(manual, requester, lasting="hour")
+    with pytest.raises(grants.GrantRefused, match="automatically"):
+        grants.give_grant(manual, requester, lasting="hour")
 
 
 # Delegation
@@ -399,7 +399,7 @@ def test_a_delegate_gets_what_is_assigned_to_someone_away_and_nobody_counts_twic
     team_rule(team, "pair", 'data.customer == "pair"', "assign", assignees="reviewer1,reviewer2")
     team_rule(team, "one", 'data.customer == "one"', "assign", assignees="reviewer1")
     pending = only(start(team, "rules_refund", 1, customer="one"))
-    rules.set_away(reviewer, second_reviewer, now - timedelta(minutes=1), now + timedelta(days=1))
+    delegation.set_away(reviewer, second_reviewer, now - timedelta(minutes=1), now + timedelta(days=1))
     pending.refresh_from_db()
     assert pending.assignees == ["reviewer2"]  # what was pending moved
     assert RunEvent.objects.get(interrupt=pending, kind="assigned").detail["delegated"] == {
@@ -417,10 +417,10 @@ def test_a_delegate_gets_what_is_assigned_to_someone_away_and_nobody_counts_twic
         in RunEvent.objects.get(interrupt=both, kind="interrupted").detail["not_delegated"]["reviewer1"]
     )
     with pytest.raises(ValueError):
-        rules.set_away(reviewer, reviewer, now, now + timedelta(days=1))
+        delegation.set_away(reviewer, reviewer, now, now + timedelta(days=1))
     outsider = User.objects.create_user("nobody")
     with pytest.raises(ValueError, match="none of your teams"):
-        rules.set_away(reviewer, outsider, now, now + timedelta(days=1))
+        delegation.set_away(reviewer, outsider, now, now + timedelta(days=1))
 
 
 def test_a_delegate_who_started_the_run_does_not_take_it_over_against_separation_of_duties(
@@ -428,7 +428,7 @@ def test_a_delegate_who_started_the_run_does_not_take_it_over_against_separation
 ) -> None:
     now = timezone.now()
     team_rule(team, "one", "true", "assign", assignees="reviewer1")
-    rules.set_away(reviewer, requester, now, now + timedelta(days=1))
+    delegation.set_away(reviewer, requester, now, now + timedelta(days=1))
     it = only(start(team, "rules_separated", 1, by=requester))
     assert it.assignees == ["reviewer1"]
     assert (
@@ -623,7 +623,7 @@ def test_a_grant_stops_the_moment_its_giver_is_deactivated_or_it_is_revoked_what
 ) -> None:
     first = only(start(team, "rules_refund", 30, by=requester))
     engine.resume(first, {"approved": True}, reviewer)
-    grant = rules.give_grant(first, reviewer, lasting="revoked", condition="true")
+    grant = grants.give_grant(first, reviewer, lasting="revoked", condition="true")
     assert only(start(team, "rules_refund", 30, by=requester)).status == "approved"
     User.objects.filter(pk=reviewer.pk).update(is_active=False)  # no rule changed: the cache stays
     assert only(start(team, "rules_refund", 30, by=requester)).status == "pending"
@@ -640,7 +640,7 @@ def test_a_grant_does_not_stand_in_for_a_rule_that_failed(
 ) -> None:
     first = only(start(team, "rules_refund", 30, by=requester))
     engine.resume(first, {"approved": True}, reviewer)
-    rules.give_grant(first, reviewer, lasting="revoked", condition="true")
+    grants.give_grant(first, reviewer, lasting="revoked", condition="true")
     team_rule(team, "typo", "data.amout > 10.0", "reject", reason="too much")
     it = only(start(team, "rules_refund", 30, by=requester))
     assert it.status == "pending"
@@ -668,7 +668,7 @@ def test_a_delegate_does_not_take_a_seat_whose_holder_already_approved(
     it.refresh_from_db()
     engine.resume(it, {"approved": True}, reviewer)
     now = timezone.now()
-    rules.set_away(reviewer, third, now - timedelta(minutes=1), now + timedelta(days=1))
+    delegation.set_away(reviewer, third, now - timedelta(minutes=1), now + timedelta(days=1))
     it.refresh_from_db()
     assert it.assignees == ["reviewer1", "reviewer2"]  # reviewer1's approval counts: no second seat
     with pytest.raises(engine.NotAllowed):

@@ -9,7 +9,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from actions.engine import store
+from actions.engine import sql as engine_sql
+from actions.engine.sql import Json, insert
 from actions.models import Interrupt, Run, RunEvent, Team
 
 # Runs on SQLite and on PostgreSQL (tests/conftest.py).
@@ -34,7 +35,7 @@ def test_what_insert_writes_the_orm_reads_back_unchanged(run: Run) -> None:
         created_at=created,
         assignees=["reviewer1"],
     )
-    store.insert(interrupt)
+    insert(interrupt)
 
     assert interrupt.pk is not None and not interrupt._state.adding
     read = Interrupt.objects.get(pk=interrupt.pk)
@@ -50,7 +51,7 @@ def test_what_insert_writes_the_orm_reads_back_unchanged(run: Run) -> None:
 def test_a_computed_column_is_the_databases_value_and_comes_back_on_the_instance(run: Run) -> None:
     next_seq = "(SELECT COALESCE(MAX(seq), 0) + %s FROM actions_interrupt WHERE run_id = %s)"
     first, second = (
-        store.insert(
+        insert(
             Interrupt(run=run, team=run.team, action="send_invoice", message=message),
             ("seq", next_seq, [1, run.pk]),
         )
@@ -63,7 +64,7 @@ def test_a_computed_column_is_the_databases_value_and_comes_back_on_the_instance
 def test_fetch_gives_each_column_to_its_field_whatever_order_the_sql_names_them(run: Run) -> None:
     Run.objects.filter(pk=run.pk).update(attempt=3, driver_state={"messages": [1]})
 
-    (fetched,) = store.fetch(
+    (fetched,) = engine_sql.fetch(
         Run, "SELECT driver_state, attempt, id, input, created_at FROM actions_run WHERE id = %s", [run.pk]
     )
 
@@ -80,12 +81,12 @@ def test_fetch_gives_each_column_to_its_field_whatever_order_the_sql_names_them(
 def test_an_update_returning_rows_gives_instances_and_an_update_matching_none_gives_none(run: Run) -> None:
     sql = "UPDATE actions_run SET status = %s WHERE id = %s AND status = %s RETURNING id, status"
 
-    assert [r.status for r in store.fetch(Run, sql, ["running", run.pk, "queued"])] == ["running"]
-    assert store.fetch(Run, sql, ["running", run.pk, "queued"]) == []
+    assert [r.status for r in engine_sql.fetch(Run, sql, ["running", run.pk, "queued"])] == ["running"]
+    assert engine_sql.fetch(Run, sql, ["running", run.pk, "queued"]) == []
 
 
 def test_a_fetched_instance_is_an_ordinary_model_instance(run: Run) -> None:
-    (fetched,) = store.fetch(Run, "SELECT id, status, team_id FROM actions_run WHERE id = %s", [run.pk])
+    (fetched,) = engine_sql.fetch(Run, "SELECT id, status, team_id FROM actions_run WHERE id = %s", [run.pk])
 
     assert fetched == run and not fetched._state.adding and fetched._state.db == "default"
     assert fetched.team == run.team  # a foreign key loads through its descriptor
@@ -95,35 +96,23 @@ def test_a_fetched_instance_is_an_ordinary_model_instance(run: Run) -> None:
     assert run.status == "running"
 
 
-def test_no_receiver_listens_for_the_init_that_fetched_instances_skip() -> None:
-    """store.fetch builds instances without __init__, so pre_init and post_init are not sent:
-    were a receiver (an ImageField, a GenericForeignKey, a package's signal) to listen on an
-    engine model, it would miss them, and this says so."""
-    from django.db.models.signals import post_init, pre_init
-
-    from actions.models import Policy
-
-    for model in (Run, Interrupt, RunEvent, Policy):
-        assert not pre_init.has_listeners(model) and not post_init.has_listeners(model), model
-
-
 def test_a_template_names_tables_and_columns_from_the_models() -> None:
     from django.db import connection
 
     quote = connection.ops.quote_name
-    statement = store.sql("UPDATE {Run} SET {Run.status} = %s WHERE {Run.team} = %s")
+    statement = engine_sql.sql("UPDATE {Run} SET {Run.status} = %s WHERE {Run.team} = %s")
     assert (
         statement == f"UPDATE {quote('actions_run')} SET {quote('status')} = %s WHERE {quote('team_id')} = %s"
     )
     with pytest.raises(Exception, match="nonesuch"):
-        store.sql("SELECT {Run.nonesuch} FROM {Run}")
+        engine_sql.sql("SELECT {Run.nonesuch} FROM {Run}")
 
 
 def test_parameters_are_stored_as_the_fields_store_them(run: Run) -> None:
     lease = timezone.now() + timedelta(minutes=5)
-    changed = store.execute(
+    changed = engine_sql.execute(
         "UPDATE actions_run SET lease_expires_at = %s, output = %s, driver_state = %s WHERE id = %s",
-        [lease, store.Json(None), store.Json({"k": ["v", 1]}), run.pk],
+        [lease, Json(None), Json({"k": ["v", 1]}), run.pk],
     )
 
     assert changed == 1
@@ -134,11 +123,11 @@ def test_parameters_are_stored_as_the_fields_store_them(run: Run) -> None:
 
 def test_fetch_refuses_a_column_its_model_does_not_have(run: Run) -> None:
     with pytest.raises(ValueError, match="'team_name'.*actions.Run"):
-        store.fetch(Run, "SELECT id, 'x' AS team_name FROM actions_run WHERE id = %s", [run.pk])
+        engine_sql.fetch(Run, "SELECT id, 'x' AS team_name FROM actions_run WHERE id = %s", [run.pk])
 
 
 def test_an_event_inserted_by_the_engine_is_still_append_only(run: Run) -> None:
-    event = store.insert(RunEvent(run=run, kind=RunEvent.Kind.STARTED, actor_name="system", detail={"a": 1}))
+    event = insert(RunEvent(run=run, kind=RunEvent.Kind.STARTED, actor_name="system", detail={"a": 1}))
 
     assert RunEvent.objects.get(pk=event.pk).detail == {"a": 1}
     with pytest.raises(TypeError, match="append-only"):
@@ -169,4 +158,4 @@ def test_each_database_variant_runs_on_its_own_database_in_every_thread(database
     # The "sqlite" variant runs on the configured database: SQLite unless DATABASE_URL says else.
     configured = "postgresql" if "postgresql" in settings.DATABASES["default"]["ENGINE"] else "sqlite"
     expected = "postgresql" if database == "postgresql" else configured
-    assert (connection.vendor, store._db().vendor, vendors) == (expected, expected, [expected])
+    assert (connection.vendor, engine_sql.default_db().vendor, vendors) == (expected, expected, [expected])

@@ -16,7 +16,7 @@ from django.utils import timezone
 from pydantic import ValidationError
 
 from actions.core import ApprovalPolicy, field_errors, registry
-from actions.engine import audit, rules, store
+from actions.engine import audit, grants, rules, store
 from actions.engine.driving import arguments_hash, driver_for
 from actions.engine.errors import (
     AlreadyDecided,
@@ -54,7 +54,7 @@ class Decided:
 
 @dataclass(frozen=True)
 class GrantAsked:
-    """A standing grant asked for with an approval (rules.give_grant): for how long (an hour,
+    """A standing grant asked for with an approval (grants.give_grant): for how long (an hour,
     the run, until revoked) and where its condition holds ("": the same arguments only)."""
 
     lasting: str
@@ -295,7 +295,7 @@ def approve(
     ``also`` runs in the decision's transaction once it is allowed, as for ``decide``. Raises
     InvalidAnswer or InvalidInput, NotAllowed or AlreadyDecided, and GrantRefused for a grant
     that cannot be given (with edited arguments: a grant approves calls as they are proposed;
-    or one rules.give_grant refuses); nothing is changed then."""
+    or one grants.give_grant refuses); nothing is changed then."""
     answer = validate_answer(interrupt, data)
     edit = validate_edit(interrupt, arguments) if arguments is not None else None
     given: list[Grant] = []
@@ -307,10 +307,10 @@ def approve(
         if grant is not None:
             # Replaced, not added to, should a conflict make the transaction run again.
             lasting, condition = grant.lasting, grant.condition
-            given[:] = [rules.give_grant(interrupt, by, lasting=lasting, condition=condition, answer=answer)]
+            given[:] = [grants.give_grant(interrupt, by, lasting=lasting, condition=condition, answer=answer)]
 
     if grant is not None and arguments is not None:
-        raise rules.GrantRefused("A grant approves calls as they are proposed: it cannot carry an edit.")
+        raise grants.GrantRefused("A grant approves calls as they are proposed: it cannot carry an edit.")
     decided = decide(
         interrupt,
         Interrupt.Status.APPROVED,
@@ -441,7 +441,7 @@ def settle(run: Run, interrupt: Interrupt, routed: rules.Routed, policy: Approva
     if decision is None:
         if "rule_failed" in routed.note:
             return  # left to people: a grant does not stand in for a rule that failed
-        grant = rules.grant_for(run, interrupt, routed, policy)
+        grant = grants.grant_for(run, interrupt, routed, policy)
         if grant is None:
             return
         decision, by = ("approve", grant.answer), f"grant #{grant.pk} ({grant.granted_by_name})"

@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from actions.core import Failed
 from actions.engine import audit, idempotency, store
+from actions.engine.sql import Json, one_cursor
 from actions.models import Actor, Interrupt, Run, RunEvent, actor_name, actor_user
 
 logger = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ def atomic() -> Iterator[None]:
     journal = _Journal()
     keyed = False
     try:
-        with transaction.atomic(), store.one_cursor():
+        with transaction.atomic(), one_cursor():
             token = _journal.set(journal)
             try:
                 yield
@@ -128,7 +129,7 @@ def log(
         kind,
         user.pk if user is not None else None,
         actor_name(by),
-        store.Json(detail),
+        Json(detail),
         timezone.now(),
     ]
     journal = _journal.get()

@@ -32,13 +32,11 @@ import secrets
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Q
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 from django.utils import timezone
@@ -61,21 +59,15 @@ from actions.core import (
     describe_errors,
     registry,
 )
-from actions.engine import store
+from actions.engine import delegation, store
 from actions.engine.driving import arguments_hash
-from actions.engine.errors import InvalidInput, retry_on_conflict
-from actions.engine.journal import atomic, inbox_changed, log
-from actions.engine.policies import may_decide, policy_fields, separation_of_duties, with_override
+from actions.engine.policies import policy_fields, with_override
 from actions.engine.schemas import schema_errors
-from actions.models import Delegation, Grant, Interrupt, Run, RunEvent, Team, TeamRule
+from actions.models import Grant, Interrupt, Run, Team, TeamRule
 
 logger = logging.getLogger(__name__)
 
 PLAIN_APPROVAL = {"approved": True, "comment": ""}
-MAX_DELEGATION_HOPS = 5
-# A dry run stops once its conditions may have taken this many interrupts' budgets: it answers a
-# page, and says how many interrupts it looked at.
-DRY_RUN_BUDGETS = 20
 
 
 @dataclass(frozen=True)
@@ -127,7 +119,7 @@ def outcome_of(rule: TeamRule) -> RuleOutcome:
     raise ValueError(f"unknown outcome {rule.then!r}")
 
 
-def _compile_team(team_id: int, version: int, slug: str) -> TeamSet:
+def compile_team(team_id: int, version: int, slug: str) -> TeamSet:
     rules = []
     for row in TeamRule.objects.filter(team_id=team_id, enabled=True).select_related("route_to"):
         try:
@@ -168,7 +160,7 @@ def team_set(team_id: int, known: tuple[int, str] | None = None) -> TeamSet:
     cached = _cache.get(team_id)
     if cached is not None and cached.version == version:
         return cached
-    compiled = _compile_team(team_id, version, slug)
+    compiled = compile_team(team_id, version, slug)
     with _cache_lock:
         _cache[team_id] = compiled
     return compiled
@@ -368,7 +360,7 @@ def _hold(
         # the recording transaction's lock.
         if condition is None or grant.action != action_name:
             continue
-        if not grant.is_live(now) or not _scoped(grant, run, who):
+        if not grant.is_live(now) or not scoped(grant, run, who):
             continue
         try:
             held[grant.pk] = holds(condition, given)
@@ -403,7 +395,7 @@ def route(
         if judged.grant_failed:
             routed.note["grant_failed"] = list(judged.grant_failed)
     before = dict(routed.fields)
-    routed.fields["assignees"] = _delegated(run, routed, policy)
+    routed.fields["assignees"] = delegation.delegated(run, routed.fields, routed.note, policy)
     _changed(routed, "delegation", before)
     before = dict(routed.fields)
     _settle(routed)
@@ -450,7 +442,7 @@ def _settle(routed: Routed) -> None:
         routed.note["default_answer_dropped"] = f"no default answer at the deadline: {why}"
 
 
-def _scoped(grant: Grant, run: Run, who: str) -> bool:
+def scoped(grant: Grant, run: Run, who: str) -> bool:
     """Whether ``grant`` is for this run, or for this requester."""
     if grant.run_id is not None:
         return grant.run_id == run.pk
@@ -525,107 +517,6 @@ def _plain_answer(action_name: str) -> Any:
     return dict(PLAIN_APPROVAL) if act is None or act.answer_model is None else {}
 
 
-def _delegated(run: Run, routed: Routed, policy: ApprovalPolicy) -> list[str]:
-    """The assignees, with those away replaced by their delegates. Not when the delegate is
-    already one of them (one person would count twice), is not in the team that decides it,
-    or started the run while the requester may not approve it: then the assignee keeps it."""
-    assignees: list[str] = list(routed.fields.get("assignees") or [])
-    if not assignees:
-        return assignees
-    now = timezone.now()
-    away = _away(now)
-    if not away:
-        return assignees
-    team_id = routed.fields.get("team_id", run.team_id)
-    members = set(Team.objects.get(pk=team_id).members.values_list("username", flat=True))
-    may_approve_own = routed.fields.get("requester_may_approve", policy.requester_may_approve)
-    result, moved, kept = [], {}, {}
-    for name in assignees:
-        delegate = _follow(name, away)
-        if delegate == name:
-            result.append(name)
-            continue
-        why = ""
-        if delegate in assignees or delegate in result:
-            why = f"{delegate} is already one of its approvers"
-        elif delegate not in members:
-            why = f"{delegate} is not in the team that decides it"
-        elif not may_approve_own and run.started_by is not None and run.started_by.get_username() == delegate:
-            why = f"{delegate} started the run"
-        if why:
-            result.append(name)
-            kept[name] = why
-        else:
-            result.append(delegate)
-            moved[name] = delegate
-    if moved:
-        routed.note["delegated"] = moved
-    if kept:
-        routed.note["not_delegated"] = kept
-    return result
-
-
-def _away(now: datetime) -> dict[str, str]:
-    """username -> delegate's username, for everyone away now."""
-    rows = Delegation.objects.filter(starts_at__lte=now, ends_at__gt=now).values_list(
-        "user__username", "delegate__username"
-    )
-    return dict(rows)
-
-
-def _follow(name: str, away: dict[str, str]) -> str:
-    seen = [name]
-    while name in away and len(seen) <= MAX_DELEGATION_HOPS:
-        name = away[name]
-        if name in seen:
-            return seen[0]  # a cycle: no one to hand it to
-        seen.append(name)
-    return name
-
-
-def grant_for(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPolicy) -> Grant | None:
-    """The live grant that approves ``interrupt`` (inserted, not yet decided), if any: same
-    team, action and scope, and its giver could approve it now."""
-    if not policy.auto_approve or why_no_grant(interrupt):
-        return None
-    same = interrupt.team_id == run.team_id and routed.teams is not None
-    teams = routed.teams if same and routed.teams is not None else team_set(interrupt.team_id)
-    if not teams.grants:
-        return None
-    now = timezone.now()
-    key, who = "", requester_key(run)
-    for grant, program in teams.grants:
-        if grant.action != interrupt.action or not grant.is_live(now) or not _scoped(grant, run, who):
-            continue
-        if not grant.arguments_sha256 and program is None:
-            continue
-        if grant.arguments_sha256:
-            key = key or arguments_key(run, interrupt)
-            if grant.arguments_sha256 != key:
-                continue
-        # A service's question's grant carries both: the same question, where its condition holds.
-        # Its condition was judged before the transaction (``judge``, the routed-to team's
-        # too): none runs under the write lock. One given or changed since covers nothing.
-        if program is not None and not routed.held.get(grant.pk, False):
-            continue
-        # An answer that does not fit the pause's own schema approves nothing (it is people's).
-        if interrupt.answer_schema is not None and schema_errors(interrupt.answer_schema, grant.answer):
-            continue
-        # The giver as they are now (deactivated, or out of the team: the grant is void)...
-        if grant.granted_by_id is None:
-            continue
-        giver = get_user_model().objects.filter(pk=grant.granted_by_id, is_active=True).first()
-        if giver is None or not may_decide(giver, interrupt) or separation_of_duties(giver, interrupt):
-            continue
-        # ...and the grant as it is now: revoked or expired a moment ago, it approves nothing.
-        used = Grant.objects.filter(pk=grant.pk, revoked_at=None).filter(
-            Q(expires_at=None) | Q(expires_at__gt=now)
-        )
-        if used.update(uses=F("uses") + 1, last_used_at=now):
-            return grant
-    return None
-
-
 def event_detail(routed: Routed, layers: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """What the interrupt's event says of its rules and delegations, and under ``contract``
     what each layer changed of what deciding it requires (``layers``: the policies', from
@@ -636,226 +527,9 @@ def event_detail(routed: Routed, layers: Sequence[dict[str, Any]] = ()) -> dict[
     return detail
 
 
-# Dry run
-
-
-@dataclass(frozen=True)
-class Would:
-    interrupt: Interrupt
-    outcome: str
-    error: str = ""
-    earlier: str = ""  # an earlier rule of the team that holds first
-
-    @property
-    def agrees(self) -> bool | None:
-        """Whether people decided it the same way (None: not comparable)."""
-        said = self.outcome.split(":", 1)[0].split(" ", 1)[0]
-        if said == "approve":
-            return self.interrupt.status == Interrupt.Status.APPROVED
-        if said == "reject":
-            return self.interrupt.status == Interrupt.Status.REJECTED
-        return None
-
-
-def dry_run(team: Team, rule: Compiled, limit: int = 1000) -> tuple[int, list[Would], list[Would]]:
-    """What ``rule`` (a team's, new or changed: ``order`` is where it would stand) would have
-    done to the team's last ``limit`` interrupts: how many were looked at, those it holds for
-    (with what it would have done), and those it failed on. An earlier enabled rule of the
-    team that holds first is named."""
-    teams = _compile_team(team.pk, -1, team.slug)
-    earlier = [
-        each for each in teams.rules if each.team_rule_id != rule.team_rule_id and each.order < rule.order
-    ]
-    recent = (
-        Interrupt.objects.filter(team=team)
-        .select_related("run")
-        .order_by("-created_at", "-id")
-        .only(
-            "id",
-            "run_id",
-            "seq",
-            "team_id",
-            "action",
-            "message",
-            "data",
-            "arguments",
-            "status",
-            "decided_by_name",
-            "decided_via",
-            "created_at",
-            "run__input",
-            "run__started_by_name",
-        )[:limit]
-    )
-    looked, held, failed = 0, [], []
-    spent, most = 0, DRY_RUN_BUDGETS * settings.GRUNDLAG_CONDITION_BUDGET
-    for it in recent:
-        if spent > most:
-            break  # the page says how many were looked at
-        looked += 1
-        if not rule.covers(it.action):
-            continue
-        given = context(
-            it.data, call_input(it.run, it.arguments), it.action, team.slug, requester_name(it.run)
-        )
-        verdict = evaluate([rule], given, it.action)
-        spent += given.spent
-        if verdict.failed:
-            failed.append(Would(it, "", error=verdict.error))
-        elif verdict.rule is not None:
-            first = evaluate(earlier, given, it.action)
-            held.append(Would(it, rule.then.describe(), earlier=first.rule.name if first.rule else ""))
-    return looked, held, failed
-
-
-# Standing grants and delegation, as people make them
-
-
-# How long a grant lasts: what the decision form offers, and for how long (None: until its
-# run ends, or until revoked).
-GRANT_LASTING: dict[str, tuple[str, timedelta | None]] = {
-    "hour": ("For 1 hour", timedelta(hours=1)),
-    "run": ("For the rest of this run", None),
-    "revoked": ("Until revoked", None),
-}
-
-
-def why_no_grant(interrupt: Interrupt) -> str:
-    """Why approving ``interrupt`` cannot come with a standing grant, or "": a grant is one
-    person's approval of an action that may be approved automatically."""
-    act = registry.find(interrupt.action)
-    if act is not None and not act.policy.auto_approve:
-        return f"{interrupt.action} may not be approved automatically, so it takes no grant"
-    if interrupt.approvals_required != 1:
-        return "a grant is one person's approval, and this needs several"
-    return ""
-
-
-class GrantRefused(InvalidInput):
-    """A grant that cannot be given: nothing is decided with it."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, [{"loc": ["grant"], "msg": message}])
-
-
-def give_grant(
-    interrupt: Interrupt, by: Any, *, lasting: str, condition: str = "", answer: Any = None
-) -> Grant:
-    """A grant from the approval ``by`` makes of ``interrupt`` (in its transaction: see
-    decisions.resume's ``also``): for an hour, the rest of this run, or until revoked; for the
-    same arguments, or for arguments where ``condition`` holds; for the same requester (or this
-    run). GrantRefused says why not."""
-    if lasting not in GRANT_LASTING:
-        raise GrantRefused("say how long the grant lasts: an hour, this run, or until revoked")
-    if why := why_no_grant(interrupt):
-        raise GrantRefused(why)
-    run = Run.objects.get(pk=interrupt.run_id)
-    who = requester_key(run)
-    if lasting != "run" and not who:
-        raise GrantRefused("this run has no requester to scope the grant to: grant it for this run")
-    if condition:
-        try:
-            compile(condition)
-        except ConditionError as exc:
-            raise GrantRefused(f"the condition is not one a grant can use: {exc}") from None
-    lasts = GRANT_LASTING[lasting][1]
-    return Grant.objects.create(
-        team_id=interrupt.team_id,
-        action=interrupt.action,
-        granted_by=by,
-        granted_by_name=by.get_username(),
-        source=interrupt,
-        answer=answer,
-        # For arguments where the condition holds; a service's question only for the same
-        # question, condition or not (its "arguments" are the question).
-        arguments_sha256=""
-        if condition and run.consumer != Run.Consumer.APPROVAL
-        else arguments_key(run, interrupt),
-        condition=condition,
-        requester="" if lasting == "run" else who,
-        requester_name="" if lasting == "run" else requester_name(run),
-        run=run if lasting == "run" else None,
-        expires_at=timezone.now() + lasts if lasts is not None else None,
-    )
-
-
-def revoke_grant(grant: Grant, by: Any) -> bool:
-    """Revoke at once (a use is conditional on the row: no process applies it after this
-    commits, whatever it has cached); False when it was revoked already."""
-    with transaction.atomic():
-        done = Grant.objects.filter(pk=grant.pk, revoked_at=None).update(
-            revoked_at=timezone.now(), revoked_by_name=by.get_username()
-        )
-        if done:
-            rules_changed(grant.team_id)
-    return bool(done)
-
-
-def set_away(user: Any, delegate: Any, starts_at: datetime, ends_at: datetime) -> Delegation:
-    """Out of office from ``starts_at`` to ``ends_at``, with ``delegate`` deciding what is
-    assigned to ``user``. Starting now, what is pending for ``user`` moves too. ValueError says
-    why not (themself, no shared team, an end before the start)."""
-    if delegate.pk == user.pk:
-        raise ValueError("choose someone else as your delegate")
-    if ends_at <= starts_at:
-        raise ValueError("the end must come after the start")
-    if ends_at <= timezone.now():
-        raise ValueError("the end is in the past")
-    if not Team.objects.filter(members=user).filter(members=delegate).exists():
-        raise ValueError(f"{delegate.get_username()} is in none of your teams")
-    return _set_away(user, delegate, starts_at, ends_at)
-
-
-@retry_on_conflict
-def _set_away(user: Any, delegate: Any, starts_at: datetime, ends_at: datetime) -> Delegation:
-    name, to = user.get_username(), delegate.get_username()
-    with atomic():
-        made = Delegation.objects.create(user=user, delegate=delegate, starts_at=starts_at, ends_at=ends_at)
-        if starts_at > timezone.now():
-            return made
-        # As JSON text (SQLite has no JSON containment); each is read again under its run's
-        # lock (the lock order: run, then interrupt), and the exact test is made then.
-        waiting = Interrupt.objects.filter(status=Interrupt.Status.PENDING, assignees__icontains=f'"{name}"')
-        for run_id, interrupt_id in sorted(waiting.values_list("run_id", "pk")):
-            store.lock_run(run_id)
-            it = Interrupt.objects.get(pk=interrupt_id)
-            if not it.is_pending or name not in (it.assignees or []) or to in it.assignees:
-                continue
-            if not Team.objects.filter(pk__in=it.team_ids, members=delegate).exists():
-                continue
-            if (
-                not it.requester_may_approve
-                and Run.objects.filter(pk=it.run_id, started_by=delegate).exists()
-            ):
-                continue
-            if any(approval.user_id in (user.pk, delegate.pk) for approval in store.counted_approvals(it)):
-                continue  # one of them approved already: the delegate would be a second approval
-            it.assignees = [to if each == name else each for each in it.assignees]
-            Interrupt.objects.filter(pk=it.pk, status=Interrupt.Status.PENDING).update(assignees=it.assignees)
-            log(it.run_id, RunEvent.Kind.ASSIGNED, user, it, seq=it.seq, delegated={name: to})
-            inbox_changed("approval", it, before=it.team_ids, after=it.team_ids)
-    return made
-
-
-def end_away(delegation: Delegation) -> None:
-    """Back: new interrupts are assigned to the user again (those moved stay with the
-    delegate). An absence not yet begun is deleted."""
-    now = timezone.now()
-    if delegation.starts_at > now:
-        Delegation.objects.filter(pk=delegation.pk).delete()
-    elif delegation.ends_at > now:
-        ended = max(now, delegation.starts_at + timedelta(microseconds=1))
-        Delegation.objects.filter(pk=delegation.pk).update(ends_at=ended)
-
-
 __all__ = [
     "Routed",
     "Verdict",
-    "dry_run",
-    "end_away",
     "evaluate",
-    "give_grant",
-    "revoke_grant",
     "route",
-    "set_away",
 ]

@@ -62,6 +62,7 @@ from actions.engine.queue import (
     shares,
     steps_run_by,
 )
+from actions.engine.sql import insert
 from actions.models import Actor, ApiToken, Interrupt, Run, RunEvent, Team, actor_name, actor_user
 
 logger = logging.getLogger(__name__)
@@ -181,7 +182,7 @@ def start_run(
         )
         if here or inline():
             run.status, run.attempt, run.lease_expires_at = Status.RUNNING, 1, lease_from(run.created_at)
-        store.insert(run)
+        insert(run)
         log(run, RunEvent.Kind.STARTED, by, consumer=consumer)
         # Pushes are registered before the step is handed over, so browsers hear of this change
         # before any change the step makes (on_commit callbacks run in order). A run claimed
@@ -372,7 +373,7 @@ def _record(
                     arguments=pause.arguments,
                     **{"team_id": run.team_id, **routed.fields},
                 )
-                store.insert(interrupt, store.next_seq(run.pk))
+                insert(interrupt, store.next_seq(run.pk))
                 log(
                     run,
                     RunEvent.Kind.INTERRUPTED,

@@ -1,265 +1,32 @@
-"""The engine's SQL: every statement written by hand, and the helpers that run them.
+"""The engine's statements: every read and write the engine makes of a run, an interrupt, the
+event log and the audit chain is a function here, named for what it does.
 
-A run that pauses once and is resumed once takes about twenty statements. Through the ORM
-each costs several times its execution in building the query, which made the engine slower
-than LangGraph at the same work (bench/engine_throughput.py). The statements of that path are
-written here in SQL instead (conditional UPDATEs with RETURNING, PostgreSQL and SQLite 3.35+),
-in templates whose table and column names come from the models' ``_meta`` (``{Run}`` is the
-run's table, ``{Run.status}`` its column), and these helpers keep the ORM's meaning at either
-end: values are adapted by the model fields' own ``get_db_prep_save`` (or, as parameters, the
-way DateTimeField and JSONField save them) and read back through the same converters a
-queryset uses, into ordinary model instances (columns not selected are deferred, loaded on
-first access). The rest of the engine, and everything else, uses the ORM.
-
-This is the only module of the project with SQL in it, in the spirit of DBOS's system
-database (``_sys_db.py``): a reader who wants to know what the engine asks of the database
-reads this file.
+The rule: a statement on the path of a pause and its decision (measured by
+bench/engine_throughput.py) is written in SQL, through actions.engine.sql's templates (a
+conditional UPDATE with RETURNING, PostgreSQL and SQLite 3.35+), and its rows come back as
+model instances through ``Model.from_db``; anything else is the ORM, inside a function here when
+the engine calls it more than once. Through the ORM, each statement of that path cost several
+times its execution in building the query, which made the engine slower than LangGraph at the
+same work. No other module of the project writes SQL (tests/test_layout.py), in the spirit of
+DBOS's system database (``_sys_db.py``): a reader who wants to know what the engine asks of the
+database reads this file.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from contextvars import ContextVar
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
-from typing import Any, TypeVar
-from weakref import WeakKeyDictionary
+from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.backends.utils import CursorWrapper
-from django.db.models.base import ModelState
-from django.db.models.expressions import Col, RawSQL
+from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db.models.expressions import RawSQL
 
-from actions.models import GENESIS, Approval, AuditChain, InboxStream, Interrupt, Policy, Run, RunEvent, Team
-
-M = TypeVar("M", bound=models.Model)
-
-
-@dataclass(frozen=True, slots=True)
-class Json:
-    """A parameter for a JSON column, adapted the way ``JSONField`` saves it (None is SQL NULL)."""
-
-    value: Any
-
-
-def _adapted(connection: BaseDatabaseWrapper, params: Sequence[Any]) -> list[Any]:
-    """Parameters as the backend stores them: datetimes as ``DateTimeField`` saves them (SQLite:
-    naive UTC text), ``Json`` as ``JSONField`` does; anything else as it is."""
-    ops = connection.ops
-    return [
-        ops.adapt_datetimefield_value(param)
-        if isinstance(param, datetime)
-        else (None if param.value is None else ops.adapt_json_value(param.value, None))
-        if isinstance(param, Json)
-        else param
-        for param in params
-    ]
-
-
-# The cursor of the open one_cursor() block.
-_shared: ContextVar[CursorWrapper | None] = ContextVar("grundlag_store_cursor", default=None)
-
-
-@contextmanager
-def one_cursor() -> Iterator[None]:
-    """The statements of this block run on one cursor. Django's ``cursor()`` costs about as much
-    as running a small statement; a transaction of the engine runs several."""
-    with _db().cursor() as cursor:
-        token = _shared.set(cursor)
-        try:
-            yield
-        finally:
-            _shared.reset(token)
-
-
-def _cursor(connection: BaseDatabaseWrapper) -> AbstractContextManager[CursorWrapper]:
-    shared = _shared.get()
-    return nullcontext(shared) if shared is not None else connection.cursor()
-
-
-def execute(sql: str, params: Sequence[Any]) -> int:
-    """Run one statement; the number of rows it changed."""
-    connection = _db()
-    with _cursor(connection) as cursor:
-        cursor.execute(sql, _adapted(connection, params))
-        return int(cursor.rowcount)
-
-
-def fetch(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
-    """Instances of ``model`` from a SELECT or an ``UPDATE ... RETURNING`` naming its columns."""
-    connection = _db()
-    with _cursor(connection) as cursor:
-        cursor.execute(sql, _adapted(connection, params))
-        rows = cursor.fetchall()
-        columns = tuple(column[0] for column in cursor.description)
-    if not rows:
-        return []
-    # from_db takes the values in the model's field order, whatever order the SQL named them in.
-    attnames, converters = _reading(connection, model, columns)
-    instances = []
-    for row in rows:
-        values = []
-        for position, col, convert in converters:
-            value = row[position]
-            for converter in convert:
-                value = converter(value, col, connection)
-            values.append(value)
-        instances.append(_loaded(model, attnames, values))
-    return instances
-
-
-def _loaded(model: type[M], attnames: list[str], values: list[Any]) -> M:
-    """What ``model.from_db`` gives, built the way Django unpickles an instance (``__new__``, then
-    its ``__dict__``) rather than through ``__init__``, whose work per field these rows, complete
-    and converted, do not need. Fields left out of ``attnames`` are deferred: not in the
-    instance's ``__dict__``, they load on first access, as with ``only()``.
-
-    What ``__init__`` would do and this does not: send ``pre_init``/``post_init`` (no receiver
-    listens on the engine's models: tests/test_store.py checks that none does) and fill
-    defaults, which a row read from the database does not need."""
-    instance = model.__new__(model)
-    state = ModelState()
-    state.adding, state.db = False, DEFAULT_DB_ALIAS
-    instance.__dict__.update(zip(attnames, values, strict=True), _state=state)
-    return instance
-
-
-Converter = Callable[[Any, Col, BaseDatabaseWrapper], Any]
-Reading = tuple[list[str], list[tuple[int, Col, list[Converter]]]]
-
-# Per connection (the converters are its backend's methods), per model and columns read.
-_readings: WeakKeyDictionary[BaseDatabaseWrapper, dict[tuple[type[models.Model], tuple[str, ...]], Reading]]
-_readings = WeakKeyDictionary()
-
-
-def _reading(connection: BaseDatabaseWrapper, model: type[models.Model], columns: tuple[str, ...]) -> Reading:
-    """The attnames of the fields ``columns`` names, in the model's order, and for each: its
-    position in the row, its column expression, and the converters its value goes through."""
-    readings = _readings.setdefault(connection, {})
-    reading = readings.get((model, columns))
-    if reading is None:
-        fields = _fields(model, columns)
-        reading = readings[model, columns] = (
-            [field.attname for _, field, _ in fields],
-            [
-                (position, col, connection.ops.get_db_converters(col) + col.get_db_converters(connection))
-                for position, _, col in fields
-            ],
-        )
-    return reading
-
-
-def insert(obj: M, computed: tuple[str, str, Sequence[Any]] | None = None) -> M:
-    """Save a new instance (of a model with an auto-incremented primary key) with one
-    INSERT ... RETURNING its primary key. Like ``save()``, minus the signals, which no engine
-    model has. ``computed`` is (field, SQL, params): that field's value is computed by the
-    database as it inserts (an integer, such as the next number in a sequence)."""
-    meta, connection = obj._meta, _db()
-    fields = _insert_fields(type(obj))
-    values: list[Any] = []
-    for field in fields:
-        if computed is not None and field.name == computed[0]:
-            values.extend(computed[2])
-        else:
-            values.append(field.get_db_prep_save(field.pre_save(obj, True), connection))
-    sql = _insert_sql(type(obj), connection.vendor, computed[:2] if computed is not None else None)
-    with _cursor(connection) as cursor:
-        cursor.execute(sql, values)
-        pk, *returned = cursor.fetchone()
-    setattr(obj, meta.pk.attname, pk)
-    if computed is not None:
-        setattr(obj, _concrete(type(obj), computed[0]).attname, returned[0])
-    obj._state.adding = False
-    obj._state.db = DEFAULT_DB_ALIAS
-    return obj
-
-
-@cache
-def _fields(
-    model: type[models.Model], columns: tuple[str, ...]
-) -> list[tuple[int, models.Field[Any, Any], Col]]:
-    """For each of the model's fields that ``columns`` names, in the model's order: where it is
-    in the row, the field, and the column expression its converters expect."""
-    unknown = set(columns) - {field.column for field in model._meta.concrete_fields}
-    if unknown:
-        raise ValueError(f"{sorted(unknown)} are not columns of {model._meta.label}")
-    return [
-        (columns.index(field.column), field, field.get_col(model._meta.db_table))
-        for field in model._meta.concrete_fields
-        if field.column in columns
-    ]
-
-
-@cache
-def _insert_fields(model: type[models.Model]) -> list[models.Field[Any, Any]]:
-    return [field for field in model._meta.concrete_fields if not field.primary_key]
-
-
-@cache
-def _insert_sql(model: type[models.Model], vendor: str, computed: tuple[str, str] | None) -> str:
-    """Cached per backend (``vendor``): quoting differs."""
-    fields = _insert_fields(model)
-    columns = ", ".join(_quoted_column(field) for field in fields)
-    placeholders = ", ".join(
-        computed[1] if computed is not None and field.name == computed[0] else "%s" for field in fields
-    )
-    table, returning = _db().ops.quote_name(model._meta.db_table), _quoted_column(model._meta.pk)
-    if computed is not None:
-        returning += ", " + _quoted_column(_concrete(model, computed[0]))
-    return f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) RETURNING {returning}"
-
-
-def _concrete(model: type[models.Model], name: str) -> models.Field[Any, Any]:
-    field = model._meta.get_field(name)
-    assert isinstance(field, models.Field) and field.concrete, f"{name} is not a column of {model}"
-    return field
-
-
-def _quoted_column(field: models.Field[Any, Any]) -> str:
-    assert field.column is not None, f"{field} is not a concrete field"
-    return _db().ops.quote_name(field.column)
-
-
-def _db() -> BaseDatabaseWrapper:
-    # The engine uses the default database. Looked up once per statement: every attribute read
-    # through the ``connection`` proxy is a thread-local lookup, and once per field they added up.
-    return connections[DEFAULT_DB_ALIAS]
-
-
-# Statements. A template names tables and columns by model and field: {Run} is the run's
-# table, {Run.status} its status column, quoted for the database in use.
-
-_MODELS: dict[str, type[models.Model]] = {
-    model.__name__: model for model in (Run, Interrupt, RunEvent, Policy, InboxStream, AuditChain, Team)
-}
-
-
-class _Names:
-    """A model in a statement's template: formatted, its table; an attribute, a column."""
-
-    def __init__(self, model: type[models.Model], quote: Callable[[str], str]) -> None:
-        self._model, self._quote = model, quote
-
-    def __format__(self, spec: str) -> str:
-        return self._quote(self._model._meta.db_table)
-
-    def __getattr__(self, name: str) -> str:
-        return _quoted_column(_concrete(self._model, name))
-
-
-@cache
-def _statement(template: str, vendor: str) -> str:
-    quote = _db().ops.quote_name
-    return template.format_map({name: _Names(model, quote) for name, model in _MODELS.items()})
-
-
-def sql(template: str) -> str:
-    """The statement of a template, for the database in use (cached: formatted once)."""
-    return _statement(template, _db().vendor)
+from actions.engine.sql import Json, adapted, default_db, execute, fetch, open_cursor, sql
+from actions.models import GENESIS, Approval, Interrupt, Policy, Run
 
 
 def insert_events(rows: Sequence[Sequence[Any]]) -> None:
@@ -283,7 +50,7 @@ def interrupts_matching(text: str) -> RawSQL | None:
     comments, the run's input: kept by triggers, migration 0015) holds every word of ``text``,
     as a subquery; None when ``text`` has no word to look for."""
     text = text.replace("\x00", " ")
-    if _db().vendor == "postgresql":
+    if default_db().vendor == "postgresql":
         return RawSQL(
             "SELECT interrupt_id FROM actions_interrupt_search"
             " WHERE document @@ websearch_to_tsquery('simple', %s)",
@@ -305,7 +72,7 @@ def _chain_query(runs: int, vendor: str) -> str:
         "(SELECT e.{RunEvent.run_hash} FROM {RunEvent} e WHERE e.{RunEvent.run} = %s"
         " ORDER BY e.{RunEvent.seq} DESC LIMIT 1)"
     )
-    lock = " FOR UPDATE" if _db().features.has_select_for_update else ""
+    lock = " FOR UPDATE" if default_db().features.has_select_for_update else ""
     return (
         sql("SELECT {AuditChain.seq}, {AuditChain.head}")
         + "".join(f", {newest}" for _ in range(runs))
@@ -319,8 +86,8 @@ def lock_audit_chain(run_ids: Sequence[int]) -> tuple[int, str, dict[int, str]]:
     IMMEDIATE transaction holds the whole database already), and each run's newest run_hash
     (a run with no event yet is absent): one statement. The head moves on with each event
     inserted (a trigger, migration 0015)."""
-    query = _chain_query(len(run_ids), _db().vendor)
-    with _cursor(_db()) as cursor:
+    query = _chain_query(len(run_ids), default_db().vendor)
+    with open_cursor(default_db()) as cursor:
         cursor.execute(query, list(run_ids))
         row = cursor.fetchone()
         if row is None:  # a database emptied by hand (a test's flush): the chain starts again
@@ -401,7 +168,7 @@ def claim_queued(
     (SQLite's write lock does the same for every claim)."""
     limits, more = _within(shares)
     params = [Run.Status.RUNNING, lease_expires_at, now, run_id, Run.Status.QUEUED, *more]
-    if limits and _db().vendor == "postgresql":
+    if limits and default_db().vendor == "postgresql":
         execute(
             sql(
                 "SELECT pg_advisory_xact_lock(%s, CAST({Run.team} AS integer)) FROM {Run} WHERE {Run.id} = %s"
@@ -448,9 +215,9 @@ def unclaimed(before: datetime, shares: Shares) -> list[int]:
 
 
 def _ids(template: str, params: Sequence[Any]) -> list[int]:
-    connection = _db()
-    with _cursor(connection) as cursor:
-        cursor.execute(sql(template), _adapted(connection, params))
+    connection = default_db()
+    with open_cursor(connection) as cursor:
+        cursor.execute(sql(template), adapted(connection, params))
         return [row[0] for row in cursor.fetchall()]
 
 
@@ -506,7 +273,7 @@ def lock_run(run_id: int) -> Run:
     of every change (the run, then its interrupts), so two changes of one run queue. On SQLite
     the IMMEDIATE transaction holds the database's write lock already, so nothing is read
     until a field is used."""
-    if not _db().features.has_select_for_update:
+    if not default_db().features.has_select_for_update:
         return Run.from_db(DEFAULT_DB_ALIAS, ["id"], [run_id])
     (run,) = fetch(
         Run,
@@ -635,8 +402,8 @@ def team_policy(team_id: int, action_name: str) -> tuple[Policy | None, int, str
     """What a new interrupt of the action needs of its team, in one statement (a second only
     when the team overrides the action's policy): that policy, the version of the team's rules
     and its slug (actions.engine.rules)."""
-    connection = _db()
-    with _cursor(connection) as cursor:
+    connection = default_db()
+    with open_cursor(connection) as cursor:
         cursor.execute(
             sql(
                 "SELECT {Team.rules_version}, {Team.slug}, {Policy}.{Policy.id} FROM {Team}"
@@ -671,8 +438,8 @@ def advance_streams(counts: dict[int, int]) -> dict[int, int]:
     teams = sorted(counts)
     if not teams:
         return {}
-    connection = _db()
-    with _cursor(connection) as cursor:
+    connection = default_db()
+    with open_cursor(connection) as cursor:
         cursor.execute(
             sql("INSERT INTO {InboxStream} ({InboxStream.team}, {InboxStream.seq}) VALUES ")
             + ", ".join(["(%s, %s)"] * len(teams))
@@ -694,7 +461,7 @@ def snapshot() -> Iterator[None]:
     writer, and no writer for them). On PostgreSQL, REPEATABLE READ (Read Committed takes a new
     snapshot per statement). Inside a transaction already open, that transaction holds."""
 
-    connection = _db()
+    connection = default_db()
     if connection.in_atomic_block:
         yield
         return

@@ -14,7 +14,7 @@ from django.utils.html import escape
 from actions.conditions import ConditionError
 from actions.core import registry
 from actions.engine import rules
-from actions.engine.rules import GRANT_LASTING
+from actions.engine.grants import GRANT_LASTING
 
 MAX_TEXT_INPUT = 200
 _BOOLEAN_CHOICE = {True: "true", False: "false"}

@@ -15,7 +15,8 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from actions.engine import rules
+from actions.engine import delegation, rules
+from actions.engine import grants as standing
 from actions.models import Delegation, Grant, Team
 from actions.web.views import AuthenticatedRequest
 
@@ -44,7 +45,7 @@ def revoke(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     grant = _grants_for(request.user).filter(pk=pk).first()
     if grant is None:
         raise Http404("No such grant")
-    if rules.revoke_grant(grant, request.user):
+    if standing.revoke_grant(grant, request.user):
         messages.success(request, f"Revoked grant #{grant.pk}: it approves nothing more.")
     else:
         messages.info(request, f"Grant #{grant.pk} was revoked already.")
@@ -79,7 +80,7 @@ def away(request: AuthenticatedRequest) -> HttpResponse:
     if form.is_valid():
         data = form.cleaned_data
         try:
-            made = rules.set_away(request.user, data["delegate"], data["starts_at"], data["ends_at"])
+            made = delegation.set_away(request.user, data["delegate"], data["starts_at"], data["ends_at"])
         except ValueError as exc:
             form.add_error(None, f"{str(exc)[:1].upper()}{str(exc)[1:]}.")
         else:
@@ -101,9 +102,9 @@ def away(request: AuthenticatedRequest) -> HttpResponse:
 @login_required
 @require_POST
 def back(request: AuthenticatedRequest, pk: int) -> HttpResponse:
-    delegation = Delegation.objects.filter(pk=pk, user=request.user).first()
-    if delegation is None:
+    absence = Delegation.objects.filter(pk=pk, user=request.user).first()
+    if absence is None:
         raise Http404("No such absence")
-    rules.end_away(delegation)
+    delegation.end_away(absence)
     messages.success(request, "Welcome back: what is assigned to you comes to you again.")
     return redirect("away")

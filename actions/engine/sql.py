@@ -1,0 +1,233 @@
+"""How the engine's store runs its SQL: statements written as templates whose table and column
+names come from the models' ``_meta`` (``{Run}`` is the run's table, ``{Run.status}`` its
+column), values adapted by the model fields' own ``get_db_prep_save`` (or, as parameters, the
+way DateTimeField and JSONField save them), rows read back through the same converters a
+queryset uses and made into model instances by ``Model.from_db`` (columns not selected are
+deferred, loaded on first access). Only actions.engine.store uses it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cache
+from typing import Any, TypeVar
+from weakref import WeakKeyDictionary
+
+from django.db import DEFAULT_DB_ALIAS, connections, models
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorWrapper
+from django.db.models.expressions import Col
+
+from actions.models import AuditChain, InboxStream, Interrupt, Policy, Run, RunEvent, Team
+
+M = TypeVar("M", bound=models.Model)
+
+
+@dataclass(frozen=True, slots=True)
+class Json:
+    """A parameter for a JSON column, adapted the way ``JSONField`` saves it (None is SQL NULL)."""
+
+    value: Any
+
+
+def adapted(connection: BaseDatabaseWrapper, params: Sequence[Any]) -> list[Any]:
+    """Parameters as the backend stores them: datetimes as ``DateTimeField`` saves them (SQLite:
+    naive UTC text), ``Json`` as ``JSONField`` does; anything else as it is."""
+    ops = connection.ops
+    return [
+        ops.adapt_datetimefield_value(param)
+        if isinstance(param, datetime)
+        else (None if param.value is None else ops.adapt_json_value(param.value, None))
+        if isinstance(param, Json)
+        else param
+        for param in params
+    ]
+
+
+# The cursor of the open one_cursor() block.
+_shared: ContextVar[CursorWrapper | None] = ContextVar("grundlag_store_cursor", default=None)
+
+
+@contextmanager
+def one_cursor() -> Iterator[None]:
+    """The statements of this block run on one cursor. Django's ``cursor()`` costs about as much
+    as running a small statement; a transaction of the engine runs several."""
+    with default_db().cursor() as cursor:
+        token = _shared.set(cursor)
+        try:
+            yield
+        finally:
+            _shared.reset(token)
+
+
+def open_cursor(connection: BaseDatabaseWrapper) -> AbstractContextManager[CursorWrapper]:
+    shared = _shared.get()
+    return nullcontext(shared) if shared is not None else connection.cursor()
+
+
+def execute(sql: str, params: Sequence[Any]) -> int:
+    """Run one statement; the number of rows it changed."""
+    connection = default_db()
+    with open_cursor(connection) as cursor:
+        cursor.execute(sql, adapted(connection, params))
+        return int(cursor.rowcount)
+
+
+def fetch(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
+    """Instances of ``model`` from a SELECT or an ``UPDATE ... RETURNING`` naming its columns."""
+    connection = default_db()
+    with open_cursor(connection) as cursor:
+        cursor.execute(sql, adapted(connection, params))
+        rows = cursor.fetchall()
+        columns = tuple(column[0] for column in cursor.description)
+    if not rows:
+        return []
+    # from_db takes the values in the model's field order, whatever order the SQL named them in.
+    attnames, converters = _reading(connection, model, columns)
+    instances = []
+    for row in rows:
+        values = []
+        for position, col, convert in converters:
+            value = row[position]
+            for converter in convert:
+                value = converter(value, col, connection)
+            values.append(value)
+        instances.append(model.from_db(DEFAULT_DB_ALIAS, attnames, values))
+    return instances
+
+
+Converter = Callable[[Any, Col, BaseDatabaseWrapper], Any]
+Reading = tuple[list[str], list[tuple[int, Col, list[Converter]]]]
+
+# Per connection (the converters are its backend's methods), per model and columns read.
+_readings: WeakKeyDictionary[BaseDatabaseWrapper, dict[tuple[type[models.Model], tuple[str, ...]], Reading]]
+_readings = WeakKeyDictionary()
+
+
+def _reading(connection: BaseDatabaseWrapper, model: type[models.Model], columns: tuple[str, ...]) -> Reading:
+    """The attnames of the fields ``columns`` names, in the model's order, and for each: its
+    position in the row, its column expression, and the converters its value goes through."""
+    readings = _readings.setdefault(connection, {})
+    reading = readings.get((model, columns))
+    if reading is None:
+        fields = _fields(model, columns)
+        reading = readings[model, columns] = (
+            [field.attname for _, field, _ in fields],
+            [
+                (position, col, connection.ops.get_db_converters(col) + col.get_db_converters(connection))
+                for position, _, col in fields
+            ],
+        )
+    return reading
+
+
+def insert(obj: M, computed: tuple[str, str, Sequence[Any]] | None = None) -> M:
+    """Save a new instance (of a model with an auto-incremented primary key) with one
+    INSERT ... RETURNING its primary key. Like ``save()``, minus the signals, which no engine
+    model has. ``computed`` is (field, SQL, params): that field's value is computed by the
+    database as it inserts (an integer, such as the next number in a sequence)."""
+    meta, connection = obj._meta, default_db()
+    fields = _insert_fields(type(obj))
+    values: list[Any] = []
+    for field in fields:
+        if computed is not None and field.name == computed[0]:
+            values.extend(computed[2])
+        else:
+            values.append(field.get_db_prep_save(field.pre_save(obj, True), connection))
+    sql = _insert_sql(type(obj), connection.vendor, computed[:2] if computed is not None else None)
+    with open_cursor(connection) as cursor:
+        cursor.execute(sql, values)
+        pk, *returned = cursor.fetchone()
+    setattr(obj, meta.pk.attname, pk)
+    if computed is not None:
+        setattr(obj, _concrete(type(obj), computed[0]).attname, returned[0])
+    obj._state.adding = False
+    obj._state.db = DEFAULT_DB_ALIAS
+    return obj
+
+
+@cache
+def _fields(
+    model: type[models.Model], columns: tuple[str, ...]
+) -> list[tuple[int, models.Field[Any, Any], Col]]:
+    """For each of the model's fields that ``columns`` names, in the model's order: where it is
+    in the row, the field, and the column expression its converters expect."""
+    unknown = set(columns) - {field.column for field in model._meta.concrete_fields}
+    if unknown:
+        raise ValueError(f"{sorted(unknown)} are not columns of {model._meta.label}")
+    return [
+        (columns.index(field.column), field, field.get_col(model._meta.db_table))
+        for field in model._meta.concrete_fields
+        if field.column in columns
+    ]
+
+
+@cache
+def _insert_fields(model: type[models.Model]) -> list[models.Field[Any, Any]]:
+    return [field for field in model._meta.concrete_fields if not field.primary_key]
+
+
+@cache
+def _insert_sql(model: type[models.Model], vendor: str, computed: tuple[str, str] | None) -> str:
+    """Cached per backend (``vendor``): quoting differs."""
+    fields = _insert_fields(model)
+    columns = ", ".join(_quoted_column(field) for field in fields)
+    placeholders = ", ".join(
+        computed[1] if computed is not None and field.name == computed[0] else "%s" for field in fields
+    )
+    table, returning = default_db().ops.quote_name(model._meta.db_table), _quoted_column(model._meta.pk)
+    if computed is not None:
+        returning += ", " + _quoted_column(_concrete(model, computed[0]))
+    return f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) RETURNING {returning}"
+
+
+def _concrete(model: type[models.Model], name: str) -> models.Field[Any, Any]:
+    field = model._meta.get_field(name)
+    assert isinstance(field, models.Field) and field.concrete, f"{name} is not a column of {model}"
+    return field
+
+
+def _quoted_column(field: models.Field[Any, Any]) -> str:
+    assert field.column is not None, f"{field} is not a concrete field"
+    return default_db().ops.quote_name(field.column)
+
+
+def default_db() -> BaseDatabaseWrapper:
+    # The engine uses the default database. Looked up once per statement: every attribute read
+    # through the ``connection`` proxy is a thread-local lookup, and once per field they added up.
+    return connections[DEFAULT_DB_ALIAS]
+
+
+# Statements. A template names tables and columns by model and field: {Run} is the run's
+# table, {Run.status} its status column, quoted for the database in use.
+
+_MODELS: dict[str, type[models.Model]] = {
+    model.__name__: model for model in (Run, Interrupt, RunEvent, Policy, InboxStream, AuditChain, Team)
+}
+
+
+class _Names:
+    """A model in a statement's template: formatted, its table; an attribute, a column."""
+
+    def __init__(self, model: type[models.Model], quote: Callable[[str], str]) -> None:
+        self._model, self._quote = model, quote
+
+    def __format__(self, spec: str) -> str:
+        return self._quote(self._model._meta.db_table)
+
+    def __getattr__(self, name: str) -> str:
+        return _quoted_column(_concrete(self._model, name))
+
+
+@cache
+def _statement(template: str, vendor: str) -> str:
+    quote = default_db().ops.quote_name
+    return template.format_map({name: _Names(model, quote) for name, model in _MODELS.items()})
+
+
+def sql(template: str) -> str:
+    """The statement of a template, for the database in use (cached: formatted once)."""
+    return _statement(template, default_db().vendor)
