@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from actions.web import bulk, grants, history, links, slack, views
+from actions.web import bulk, grants, history, links, runs, slack, views
 
 urlpatterns = [
     path("", views.inbox, name="inbox"),
@@ -11,15 +11,15 @@ urlpatterns = [
     path("interrupts/<int:pk>/reject/", views.reject, name="reject"),
     path("interrupts/<int:pk>/comments/", views.comments, name="comments"),
     path("bulk/", bulk.bulk, name="bulk"),
-    path("runs/", views.runs, name="runs"),
-    path("runs/<int:pk>/", views.run_detail, name="run"),
-    path("runs/<int:pk>/cancel/", views.cancel_run, name="cancel_run"),
-    path("start/", views.start, name="start"),
-    path("start/<str:name>/", views.start_action, name="start_action"),
+    path("runs/", runs.runs, name="runs"),
+    path("runs/<int:pk>/", runs.run_detail, name="run"),
+    path("runs/<int:pk>/cancel/", runs.cancel_run, name="cancel_run"),
+    path("start/", runs.start, name="start"),
+    path("start/<str:name>/", runs.start_action, name="start_action"),
     path("history/", history.history, name="history"),
     path("history/export.<str:fmt>", history.export_interrupts, name="history_export"),
     path("history/events.<str:fmt>", history.export_events, name="history_events"),
-    path("settings/notifications/", views.preferences, name="notification-preferences"),
+    path("settings/notifications/", runs.preferences, name="notification-preferences"),
     path("grants/", grants.grants, name="grants"),
     path("grants/<int:pk>/revoke/", grants.revoke, name="revoke-grant"),
     path("settings/away/", grants.away, name="away"),

@@ -11,9 +11,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.core.exceptions import ValidationError
 from django.db.models import Count, Q, QuerySet
-from django.forms import ModelForm
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -24,9 +22,9 @@ from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
 from actions import engine
-from actions.core import UnknownAction, registry
-from actions.engine import rules
-from actions.models import InboxStream, Interrupt, Preferences, Run, RunEvent, Team, Webhook
+from actions.core import registry
+from actions.engine import grants
+from actions.models import InboxStream, Interrupt, Run, RunEvent, Team, Webhook
 from actions.web.forms import ApprovalForm, GrantForm, RejectForm, SchemaForm, answer_form, form_for_schema
 
 
@@ -41,14 +39,14 @@ def site_context(request: HttpRequest) -> dict[str, Any]:
     return {"site_name": settings.SITE_NAME}
 
 
-def _htmx(request: AuthenticatedRequest) -> bool:
+def is_htmx(request: AuthenticatedRequest) -> bool:
     return bool(request.htmx)
 
 
 # Permission-scoped lookups: another team's objects are 404, never 403, so ids leak nothing.
 
 
-def _get_interrupt_for_user(user: User, pk: int) -> Interrupt:
+def get_interrupt_for_user(user: User, pk: int) -> Interrupt:
     interrupts = Interrupt.objects.select_related("run", "team", "escalate_to")
     if not user.is_staff:
         interrupts = interrupts.filter(Interrupt.visible_to(Team.objects.filter(members=user)))
@@ -58,7 +56,7 @@ def _get_interrupt_for_user(user: User, pk: int) -> Interrupt:
     return interrupt
 
 
-def _get_run_for_user(user: User, pk: int) -> Run:
+def get_run_for_user(user: User, pk: int) -> Run:
     run = Run.visible_to(user).select_related("team").filter(pk=pk).first()
     if run is None:
         raise Http404("No such run")
@@ -132,7 +130,7 @@ def inbox(request: AuthenticatedRequest) -> HttpResponse:
             Webhook.objects.filter(team__in=teams, disabled_at__isnull=False).select_related("team")
         ),
     }
-    if _htmx(request):
+    if is_htmx(request):
         return render(request, "actions/partials/inbox_list.html", context)
     return render(request, "actions/inbox.html", context)
 
@@ -140,7 +138,7 @@ def inbox(request: AuthenticatedRequest) -> HttpResponse:
 # One interrupt and its decision
 
 
-def _decision_context(request: AuthenticatedRequest, interrupt: Interrupt, **extra: Any) -> dict[str, Any]:
+def decision_context(request: AuthenticatedRequest, interrupt: Interrupt, **extra: Any) -> dict[str, Any]:
     can_decide = _can_decide(request.user, interrupt)
     approvals = engine.counted_approvals(interrupt) if interrupt.is_pending else []
     # Under separation of duties the requester may still reject (withdraw), not approve.
@@ -164,7 +162,7 @@ def _decision_context(request: AuthenticatedRequest, interrupt: Interrupt, **ext
     if "edit_form" not in extra:
         # An agent's tool call may be approved with its arguments edited.
         context["edit_form"] = edit_form(interrupt) if can_decide and not may_not_approve else None
-    if context["can_approve"] and not rules.why_no_grant(interrupt):
+    if context["can_approve"] and not grants.why_no_grant(interrupt):
         # "Approve, and allow the same for an hour / this run / until revoked."
         context["grant_form"] = GrantForm(prefix="grant")
         context["grant_requester"] = interrupt.run.started_by_name
@@ -186,21 +184,21 @@ def edit_form(interrupt: Interrupt, data: Any = None) -> SchemaForm | None:
 
 @login_required
 def interrupt_detail(request: AuthenticatedRequest, pk: int) -> HttpResponse:
-    interrupt = _get_interrupt_for_user(request.user, pk)
-    if _htmx(request) and request.GET.get("panel"):
+    interrupt = get_interrupt_for_user(request.user, pk)
+    if is_htmx(request) and request.GET.get("panel"):
         # Re-fetched after a push. While it is still pending, keep what the reviewer typed.
         if interrupt.is_pending and request.GET.get("known") == "pending":
             return HttpResponse(status=204)
-        return render(request, "actions/partials/decision.html", _decision_context(request, interrupt))
+        return render(request, "actions/partials/decision.html", decision_context(request, interrupt))
     return _page(request, interrupt)
 
 
 def _render_decision(
     request: AuthenticatedRequest, interrupt: Interrupt, status: int = 200, **extra: Any
 ) -> HttpResponse:
-    if _htmx(request):
+    if is_htmx(request):
         # htmx swaps only 2xx responses: errors are shown in the fragment, with a 200.
-        context = _decision_context(request, interrupt, **extra)
+        context = decision_context(request, interrupt, **extra)
         return render(request, "actions/partials/decision.html", context)
     return _page(request, interrupt, status, **extra)
 
@@ -212,7 +210,7 @@ def _page(
     how that was settled, the discussion, and the run's earlier pauses."""
     earlier = interrupt.run.interrupts.filter(seq__lt=interrupt.seq).order_by("seq")
     layers = contract_layers(interrupt)
-    context = _decision_context(
+    context = decision_context(
         request, interrupt, earlier=earlier, run=interrupt.run, contract_layers=layers, **extra
     )
     return render(
@@ -253,8 +251,8 @@ def _decided(request: AuthenticatedRequest, interrupt: Interrupt, text: str) -> 
         wanted = {k: v for k, v in (request.session.get(INBOX_FILTER) or {}).items() if v}
         inbox_url = reverse("inbox") + (f"?{urlencode(wanted)}" if wanted else "")
         target = following.get_absolute_url() if following is not None else inbox_url
-        return HttpResponseClientRedirect(target) if _htmx(request) else redirect(target)
-    if _htmx(request):
+        return HttpResponseClientRedirect(target) if is_htmx(request) else redirect(target)
+    if is_htmx(request):
         interrupt.refresh_from_db()
         return _render_decision(request, interrupt, notice=text)
     messages.success(request, text)
@@ -322,7 +320,7 @@ def _decide(
 @login_required
 @require_POST
 def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
-    interrupt = _get_interrupt_for_user(request.user, pk)
+    interrupt = get_interrupt_for_user(request.user, pk)
     form = answer_form(interrupt, request.POST)
     # The tool call's arguments, as the reviewer edited them (when they ticked "run the call
     # with these arguments").
@@ -391,7 +389,7 @@ def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def reject(request: AuthenticatedRequest, pk: int) -> HttpResponse:
-    interrupt = _get_interrupt_for_user(request.user, pk)
+    interrupt = get_interrupt_for_user(request.user, pk)
     form = RejectForm(request.POST, prefix="reject")
     decided = _decide(
         request,
@@ -422,7 +420,7 @@ def _comments_context(request: AuthenticatedRequest, interrupt: Interrupt, **ext
 @login_required
 def comments(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     """GET: the thread (what a push refetches). POST: add the reviewer's comment."""
-    interrupt = _get_interrupt_for_user(request.user, pk)
+    interrupt = get_interrupt_for_user(request.user, pk)
     if request.method != "POST":
         return render(request, "actions/partials/comment_list.html", _comments_context(request, interrupt))
     text = request.POST.get("body", "")
@@ -432,173 +430,9 @@ def comments(request: AuthenticatedRequest, pk: int) -> HttpResponse:
         why = exc.errors[0]["msg"] if isinstance(exc, engine.InvalidInput) and exc.errors else str(exc)
         status = 403 if isinstance(exc, engine.NotAllowed) else 422
         context = _comments_context(request, interrupt, comment_error=why, comment_text=text)
-        if _htmx(request):
+        if is_htmx(request):
             return render(request, "actions/partials/comments.html", context)  # htmx swaps 2xx only
         return render(request, "actions/comment_refused.html", context, status=status)
-    if _htmx(request):
+    if is_htmx(request):
         return render(request, "actions/partials/comments.html", _comments_context(request, interrupt))
     return redirect(interrupt.get_absolute_url() + "#comments-" + str(interrupt.pk))
-
-
-# Runs
-
-
-def _timeline(run: Run) -> list[RunEvent]:
-    return list(run.events.select_related("interrupt").order_by("at", "id"))
-
-
-def _conversation(run: Run, interrupts: list[Interrupt]) -> list[dict[str, Any]]:
-    """An agent's messages for display, each tool call with its parsed arguments and its latest
-    interrupt, if it paused."""
-    # Each call with the latest interrupt of its turn and position (ids may repeat across turns).
-    latest = {
-        (it.binding.get("turn"), it.binding.get("position")): it for it in interrupts if it.tool_call_id
-    }
-    shown = []
-    turn = -1
-    for message in run.driver_state.get("messages", []):
-        calls = []
-        if message.get("role") == "assistant":
-            turn += 1
-        for position, call in enumerate(message.get("tool_calls") or []):
-            function = call.get("function", {})
-            try:
-                arguments = json.loads(function.get("arguments") or "{}")
-            except json.JSONDecodeError:
-                arguments = function.get("arguments")
-            calls.append(
-                {
-                    "id": call.get("id"),
-                    "name": function.get("name"),
-                    "arguments": arguments,
-                    "interrupt": latest.get((turn, position)),
-                }
-            )
-        shown.append(
-            {
-                "role": message.get("role"),
-                "content": message.get("content"),
-                "calls": calls,
-                "tool_call_id": message.get("tool_call_id"),
-            }
-        )
-    return shown
-
-
-@login_required
-def run_detail(request: AuthenticatedRequest, pk: int) -> HttpResponse:
-    run = _get_run_for_user(request.user, pk)
-    interrupts = list(run.interrupts.order_by("seq"))
-    decisions = [_decision_context(request, it) for it in interrupts if it.is_pending]
-    context = {
-        "run": run,
-        "events": _timeline(run),
-        "interrupts": interrupts,
-        "decisions": decisions,
-        "conversation": _conversation(run, interrupts) if run.consumer == Run.Consumer.AGENT else None,
-        "may_cancel": _may_cancel(request.user, run),
-    }
-    if _htmx(request):
-        return render(request, "actions/partials/run_body.html", context)
-    return render(request, "actions/run.html", context)
-
-
-def _may_cancel(user: User, run: Run) -> bool:
-    return run.status in engine.CANCELLABLE and not engine.why_not_cancel(user, run)
-
-
-@login_required
-@require_POST
-def cancel_run(request: AuthenticatedRequest, pk: int) -> HttpResponse:
-    """Cancel the run (a form with a confirmation box on the run's page)."""
-    run = _get_run_for_user(request.user, pk)
-    if not request.POST.get("confirm"):
-        messages.error(request, "Not cancelled: tick the box to confirm.")
-        return redirect(run)
-    try:
-        engine.cancel(run, request.user)
-    except (engine.NotCancellable, engine.NotAllowed, engine.Busy) as exc:
-        messages.error(request, f"Not cancelled: {str(exc).rstrip('.')}.")
-    else:
-        messages.success(request, f"Cancelled run {run.pk}; its pending approvals left the inbox.")
-    return redirect(run)
-
-
-@login_required
-def start(request: AuthenticatedRequest) -> HttpResponse:
-    teams = Team.objects.filter(members=request.user)
-    return render(request, "actions/start.html", {"actions": registry.all(), "has_team": teams.exists()})
-
-
-@login_required
-def start_action(request: AuthenticatedRequest, name: str) -> HttpResponse:
-    try:
-        act = registry.get(name)
-    except UnknownAction:
-        raise Http404("No such action") from None
-    teams = Team.objects.filter(members=request.user)
-    form_class = form_for_schema(act.input_schema())
-    form = form_class(request.POST or None, prefix="input")
-    error = ""
-    if request.method == "POST":
-        team = teams.filter(slug=request.POST.get("team", "")).first()
-        if team is None:
-            error = "Choose one of your teams."
-        elif form.is_valid():
-            try:
-                run = engine.start_run(act.name, form.payload(), team, request.user, Run.Consumer.DASHBOARD)
-            except engine.InvalidInput as exc:
-                form.add_model_errors(exc.errors)
-            except engine.PayloadTooLarge as exc:
-                form.add_error(None, str(exc))
-            else:
-                if _htmx(request):
-                    return HttpResponseClientRedirect(run.get_absolute_url())
-                return redirect(run)
-    context = {"action": act, "form": form, "teams": teams, "error": error}
-    return render(
-        request, "actions/start_action.html", context, status=422 if request.method == "POST" else 200
-    )
-
-
-@login_required
-def runs(request: AuthenticatedRequest) -> HttpResponse:
-    """Recent runs of the user's teams."""
-    visible = Run.visible_to(request.user).select_related("team")
-    status = request.GET.get("status", "")
-    if status:
-        visible = visible.filter(status=status)
-    query = request.GET.get("q", "").strip()
-    if query:
-        visible = visible.filter(Q(action__icontains=query) | Q(started_by_name__icontains=query))
-    return render(
-        request,
-        "actions/runs.html",
-        {"runs": visible[:100], "status": status, "q": query, "statuses": Run.Status.choices},
-    )
-
-
-# A person's own notification settings
-
-
-class PreferencesForm(ModelForm[Preferences]):
-    class Meta:
-        model = Preferences
-        fields = ["email", "email_digest"]
-
-    def clean(self) -> dict[str, Any]:
-        cleaned = super().clean() or {}
-        if cleaned.get("email_digest") and not cleaned.get("email"):
-            raise ValidationError("A digest is mail: turn mail on to get one.")
-        return cleaned
-
-
-@login_required
-def preferences(request: AuthenticatedRequest) -> HttpResponse:
-    prefs = Preferences.objects.filter(user=request.user).first() or Preferences(user=request.user)
-    form = PreferencesForm(request.POST if request.method == "POST" else None, instance=prefs)
-    if form.is_valid():
-        form.save()
-        messages.success(request, "Saved.")
-        return redirect("notification-preferences")
-    return render(request, "actions/preferences.html", {"form": form, "has_email": bool(request.user.email)})
