@@ -32,7 +32,8 @@ $(NODE_MODULES): tests/node/package-lock.json
 node: $(NODE_MODULES)
 
 # DEBUG stays off (the default): an error page shows nothing of the settings. Cookies are not
-# marked Secure because this serves plain HTTP on 127.0.0.1; behind HTTPS they are (README).
+# marked Secure because this serves plain HTTP on 127.0.0.1; behind HTTPS they are
+# (docs/how-to/deploy.md).
 # Scripts run under bubblewrap: the system's bwrap (Debian's bubblewrap package).
 run: runtime
 	$(BIN)/python manage.py migrate --noinput -v0

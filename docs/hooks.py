@@ -17,7 +17,6 @@ from __future__ import annotations
 import ast
 import html
 import json
-import logging
 import os
 import re
 import subprocess
@@ -32,129 +31,11 @@ from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
-log = logging.getLogger("mkdocs.hooks.grundlag")
-
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = ROOT / "grundlag_site" / "settings.py"
 
-# Settings that have no comment above them in settings.py yet, and what they are for (much of
-# it from the README's table before the docs site); each is shown marked as such. A setting
-# without a comment that is not listed here fails the build: document a new setting with a
-# comment directly above where it is read (the settings reference is made from it). Once one
-# of these has its comment, remove it here (the build says so).
-WITHOUT_COMMENT: dict[str, str] = {
-    "SECRET_KEY": (
-        "Django's secret key. Without it, a random key is generated once into"
-        " `GRUNDLAG_VAR_DIR/secret_key` (with `DEBUG` on, a fixed development key is used instead)."
-        " Several machines must share one."
-    ),
-    "ALLOWED_HOSTS": (
-        "Django's: the host names the site answers to, comma-separated. By default this machine"
-        " (`127.0.0.1`, `localhost`) and Django's test client (`testserver`)."
-    ),
-    "CSRF_TRUSTED_ORIGINS": "Django's: origins trusted for unsafe requests (POST), comma-separated.",
-    "SITE_NAME": "The site's name, in its pages and in the subject of its mails.",
-    "DB_CONN_MAX_AGE": (
-        "Django's `CONN_MAX_AGE` (seconds a connection is kept per thread). With PostgreSQL's"
-        " connection pool (`DB_POOL_SIZE`, on by default) it must be 0."
-    ),
-    "SQLITE_TIMEOUT": "SQLite: how long (seconds) a connection waits for the write lock.",
-    "TEST_SQLITE_NAME": (
-        "The SQLite test database's file: by default one per test process, in the temporary"
-        " directory (threads and subprocesses share a file, unlike `:memory:`)."
-    ),
-    "WORKER_CONCURRENCY": (
-        "Threads of each Celery worker (its pool is threads); embedded (`make run`), the threads"
-        " that run steps. The fair shares (`GRUNDLAG_TEAM_STEPS`, `GRUNDLAG_TEAM_SCRIPTS`) and"
-        " PostgreSQL's pool (`DB_POOL_SIZE`) are worked out from it."
-    ),
-    "CELERY_TASK_ALWAYS_EAGER": "Celery's eager mode: a task runs where it is sent, not in a worker.",
-    "GRUNDLAG_WEBHOOK_ALLOW_PRIVATE": (
-        "Allow webhook endpoints in private, loopback or link-local networks."
-    ),
-    "GRUNDLAG_WEBHOOK_TIMEOUT_SECONDS": (
-        "One webhook delivery's timeout (seconds); the Slack client's too, in whole seconds."
-    ),
-    "GRUNDLAG_NOTIFY_MAX_ATTEMPTS": (
-        "Tries before a notification is given up (retried after 10 s, 20 s, 40 s ..., at most an hour apart)."
-    ),
-    "GRUNDLAG_WEBHOOK_DISABLE_AFTER_SECONDS": (
-        "A webhook endpoint whose deliveries have all failed for this long is disabled."
-    ),
-    "GRUNDLAG_DIGEST_SECONDS": "How often the mails of those who chose a digest go out together.",
-    "GRUNDLAG_LINK_DAYS": (
-        "A mail's decision link lasts until the deadline, or this many days if that comes first."
-    ),
-    "EMAIL_PORT": "Django's `EMAIL_PORT`.",
-    "EMAIL_HOST_USER": "Django's `EMAIL_HOST_USER`.",
-    "EMAIL_HOST_PASSWORD": "Django's `EMAIL_HOST_PASSWORD`.",
-    "EMAIL_USE_TLS": "Django's `EMAIL_USE_TLS` (not with `EMAIL_USE_SSL`: the process stops naming both).",
-    "EMAIL_USE_SSL": "Django's `EMAIL_USE_SSL` (not with `EMAIL_USE_TLS`).",
-    "EMAIL_TIMEOUT": "Django's `EMAIL_TIMEOUT`: seconds before a call to the mail server gives up.",
-    "DEFAULT_FROM_EMAIL": "Django's: the sender of the site's mails.",
-    "EMAIL_BACKEND": "Django's mail backend: SMTP when `EMAIL_HOST` is set, else the console.",
-    "SLACK_SIGNING_SECRET": "The Slack app's signing secret: every interaction must be signed with it.",
-    "SLACK_API_URL": "Slack's Web API address (the tests point it at a local server).",
-    "GRUNDLAG_MAX_PAYLOAD_BYTES": (
-        "The largest input, answer or reason (413 above); a request body may be 64 KiB more,"
-        " else it is refused with 413 before it is read."
-    ),
-    "GRUNDLAG_WORKER_METRICS_ADDR": (
-        "`host:port` where each Celery worker serves its own metrics (no token: a private address"
-        " only); off when empty."
-    ),
-    "GRUNDLAG_SANDBOX_WALL_SECONDS": (
-        "A script's wall time (seconds): every read from its child process and every write to it"
-        " has this deadline."
-    ),
-    "GRUNDLAG_SANDBOX_MEMORY_MB": "Memory (MiB) of the child process a script runs in.",
-    "GRUNDLAG_SANDBOX_MAX_LOG_BYTES": "How large one run of a script's call log may grow (bytes).",
-    "GRUNDLAG_BWRAP": "The bubblewrap program scripts run in (a name on the PATH, or a path).",
-    "GRUNDLAG_MODELS": (
-        "JSON: named OpenAI-compatible model endpoints for agents, e.g."
-        ' `{"local": {"base_url": "http://127.0.0.1:11434/v1", "model": "qwen3",'
-        ' "api_key_env": "LOCAL_KEY"}}`.'
-    ),
-    "SECURE_COOKIES": (
-        "Session and CSRF cookies go over HTTPS only. On unless `DEBUG` is; `make run` turns it"
-        " off, as it serves plain HTTP on 127.0.0.1."
-    ),
-    "SECURE_HSTS_SECONDS": (
-        "Django's `SECURE_HSTS_SECONDS`: the `Strict-Transport-Security` max-age (0: none)."
-    ),
-    "BEHIND_HTTPS_PROXY": (
-        "Behind a proxy that serves HTTPS: a request with `X-Forwarded-Proto: https` counts as"
-        " secure (Django's `SECURE_PROXY_SSL_HEADER`)."
-    ),
-    "GRUNDLAG_LOGIN_LOCKOUT_SECONDS": (
-        "How long a (username, client address) pair that failed `GRUNDLAG_LOGIN_ATTEMPTS` times"
-        " is locked out."
-    ),
-    "GRUNDLAG_LOGIN_USER_ATTEMPTS": (
-        "Failures of one username across addresses, within `GRUNDLAG_LOGIN_WINDOW_SECONDS`, that"
-        " pause that username (against spraying)."
-    ),
-    "GRUNDLAG_LOGIN_WINDOW_SECONDS": "The window (seconds) the spraying limits count failures in.",
-    "GRUNDLAG_LOGIN_SPRAY_COOLOFF_SECONDS": (
-        "How long (seconds) an address or a username over a spraying limit is paused."
-    ),
-    "TIME_ZONE": "Django's `TIME_ZONE`.",
-    "STATIC_ROOT": "Where `collectstatic` copies the static files.",
-    "LOG_LEVEL": "The level of the `actions` logger (the application's log).",
-    "GRUNDLAG_API_RATE": (
-        "Requests per token to the API (`/api/`) and the MCP endpoint (`/mcp/`) together:"
-        " `N/period`, the period s, sec, m, min, h, hour, d or day, optionally a multiple"
-        " (`100/10s`). Over it: 429 with Retry-After. Counted in the cache: Redis, shared by every"
-        " process, when `REDIS_URL` is set. `0` or empty: no limit. (Its comment is above"
-        " `envrate`, the helper that reads it, not above the setting.)"
-    ),
-    "GRUNDLAG_TOKEN_STEPS": (
-        "Steps of one API token's runs running at once (see `GRUNDLAG_TEAM_STEPS`); 0: no limit."
-    ),
-    "GRUNDLAG_TEAM_SCRIPTS": (
-        "Scripts of one team running at once (see `GRUNDLAG_TEAM_STEPS`); 0: no limit."
-    ),
-}
+# Every setting has a comment directly above where settings.py reads it, and the reference is
+# made from those comments: a setting without one fails the build (settings_page).
 
 # The helpers of settings.py that read a variable, and what they make of it.
 KINDS = {
@@ -179,7 +60,6 @@ class Read:
     minimum: str | None
     target: str | None  # the setting it is read into, when it is the value of one
     comment: str | None
-    see_also: str | None  # a commented variable read at the head of the block it is in
     line: int
 
 
@@ -337,19 +217,6 @@ class _Module:
             current = self.parents.parent.get(current)
         return None
 
-    def block_head(self, statement: ast.stmt) -> str | None:
-        """The variable read by the first statement of the run of top-level statements (no blank
-        line between them) that ``statement`` is in, when a comment opens that run."""
-        body = self.tree.body
-        index = body.index(statement)
-        while index > 0 and (body[index - 1].end_lineno or 0) == body[index].lineno - 1:
-            index -= 1
-        head = body[index]
-        if head is statement or not self.comment_above(head.lineno):
-            return None
-        reads = [node for node in ast.walk(head) if self.is_read(node)]
-        return _name_of(reads[0]) if reads and isinstance(reads[0], ast.Call) else None
-
     def kind(self, node: ast.Call) -> str:
         parent = self.parents.parent.get(node)
         if isinstance(parent, ast.Call) and _called(parent) == "loads":
@@ -491,7 +358,6 @@ def read_settings(path: Path = SETTINGS) -> list[Setting]:
                     minimum=_minimum(node),
                     target=module.target(node),
                     comment=module.comment_of(node),
-                    see_also=module.block_head(statement),
                     line=node.lineno,
                 )
             )
@@ -543,17 +409,13 @@ def _comment_markdown(text: str, names: set[str]) -> str:
 def settings_page(settings: list[Setting]) -> str:
     names = {setting.name for setting in settings}
     undocumented = [s.name for s in settings if not s.comment]
-    unexpected = [name for name in undocumented if name not in WITHOUT_COMMENT]
-    if unexpected:
+    if undocumented:
         raise PluginError(
             "grundlag_site/settings.py: no comment above "
-            + ", ".join(unexpected)
+            + ", ".join(undocumented)
             + ". Say what each is for in a comment directly above where it is read:"
             " the settings reference (docs/reference/settings.md) is made from those comments."
         )
-    for name in sorted(set(WITHOUT_COMMENT) - set(undocumented)):
-        state = "has a comment now" if name in names else "is no longer read"
-        log.warning(f"docs/hooks.py: {name} {state} in settings.py: remove it from WITHOUT_COMMENT")
 
     out = [
         "# Settings",
@@ -565,8 +427,7 @@ def settings_page(settings: list[Setting]) -> str:
         "the variable. `deploy/env.example` is an example for the scaled setup.",
         "",
         f"{len(settings)} variables. `BASE_DIR` is the project's folder; `$NAME` in a default is",
-        "that variable's value. Those marked *no comment in settings.py yet* are described in",
-        "`docs/hooks.py` until their comment is written.",
+        "that variable's value.",
         "",
         "| variable | default | type |",
         "| --- | --- | --- |",
@@ -585,14 +446,7 @@ def settings_page(settings: list[Setting]) -> str:
         others = sorted({r.target for r in setting.reads if r is not main and r.target} - {main.target})
         if others:
             facts.append("also read into " + ", ".join(f"`{t}`" for t in others))
-        out += [" · ".join(facts), ""]
-        if setting.comment:
-            out.append(_comment_markdown(setting.comment, names))
-        else:
-            text = f"*No comment in settings.py yet.* {WITHOUT_COMMENT[setting.name]}"
-            if main.see_also and main.see_also != setting.name:
-                text += f" See also [`{main.see_also}`](#{main.see_also}), whose comment opens its block."
-            out.append(text)
+        out += [" · ".join(facts), "", _comment_markdown(setting.comment or "", names)]
     return "\n".join(out) + "\n"
 
 

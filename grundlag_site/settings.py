@@ -2,7 +2,7 @@
 
 Every deployment knob is an environment variable whose default runs on one machine with
 nothing installed: SQLite, an in-process Celery broker and an in-memory channel layer.
-Set ``DATABASE_URL`` and ``REDIS_URL`` to scale out (see README, "Deploying at scale").
+Set ``DATABASE_URL`` and ``REDIS_URL`` to scale out (see docs/how-to/deploy.md).
 """
 
 from __future__ import annotations
@@ -100,12 +100,23 @@ def generated_secret_key() -> str:
     return key
 
 
+# Django's secret key: the mails' decision links and MCP task ids are signed with it, and sessions
+# are bound to it. Unset, a random key is made once in GRUNDLAG_VAR_DIR/secret_key (with DEBUG, a
+# fixed development key). Every machine of one site must share it; changing it signs everyone out
+# and voids the links already mailed.
 SECRET_KEY = os.getenv("SECRET_KEY", "")
 if not SECRET_KEY:
     SECRET_KEY = "insecure-development-key-do-not-use-in-production" if DEBUG else generated_secret_key()
 
+# Django's ALLOWED_HOSTS: the host names the site answers to, comma-separated (another gets 400).
+# By default this machine's (127.0.0.1, localhost) and Django's test client's (testserver): set the
+# public name. Also the default of GRUNDLAG_ALLOWED_ORIGINS.
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
+# Django's CSRF_TRUSTED_ORIGINS: origins (https://host[:port]), comma-separated, whose form posts
+# are accepted besides the site's own; list the public origin when the proxy in front changes the
+# scheme or host that Django sees.
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", "")
+# The site's name: in its pages' titles, its mails' subjects (in brackets) and its Slack replies.
 SITE_NAME = os.getenv("SITE_NAME", "Grundlag approvals")
 
 INSTALLED_APPS = [
@@ -200,6 +211,9 @@ if not DATABASE_URL:
     _embedded.chmod(0o600)
     DATABASE_URL = f"sqlite:///{_embedded}"
 try:
+    # Django's CONN_MAX_AGE, in seconds: how long a thread keeps its connection for the next
+    # request (0: closed after each). With PostgreSQL's pool (DB_POOL_SIZE, on by default) it must
+    # stay 0.
     _database = dj_database_url.parse(DATABASE_URL, conn_max_age=envint("DB_CONN_MAX_AGE", "0"))
 except ValueError as exc:
     raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
@@ -220,6 +234,8 @@ if _database["ENGINE"] == "django.db.backends.sqlite3":
     _database["ENGINE"] = "grundlag_site.db.sqlite3"
     _database["OPTIONS"] = {
         "transaction_mode": "IMMEDIATE",
+        # Seconds a connection waits for the write lock before it fails with "database is
+        # locked"; raise it if that error shows under load.
         "timeout": envint("SQLITE_TIMEOUT", "20", minimum=1),
         "init_command": (
             f"PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA wal_autocheckpoint={wal_pages};"
@@ -227,6 +243,8 @@ if _database["ENGINE"] == "django.db.backends.sqlite3":
     }
     # A file (threads and subprocesses share it, unlike :memory:), one per test process.
     _default_test_db = Path(tempfile.gettempdir()) / f"grundlag-test-{os.getpid()}.sqlite3"
+    # The tests' SQLite database file (tests only): by default one per test process, in the
+    # temporary directory. `make check` names a fixed one, which pytest's --reuse-db keeps.
     _database["TEST"] = {"NAME": os.getenv("TEST_SQLITE_NAME", str(_default_test_db))}
 elif _database["ENGINE"] == "django.db.backends.postgresql":
     # A pool of connections per process (psycopg_pool, Django's "pool" option). Under ASGI each
@@ -288,6 +306,9 @@ CELERY_TASK_IGNORE_RESULT = True
 # scan was 10 % of a web process's time under bench/isolation.py.
 CELERY_RESULT_BACKEND_THREAD_SAFE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Threads of each Celery worker (its pool is threads: CELERY_WORKER_POOL), and of the embedded
+# worker of `manage.py serve` (`make run`): how many tasks one worker runs at once. The defaults
+# of DB_POOL_SIZE and of the fair shares (GRUNDLAG_TEAM_STEPS, GRUNDLAG_TEAM_SCRIPTS) follow it.
 CELERY_WORKER_CONCURRENCY = envint("WORKER_CONCURRENCY", "4", minimum=1)
 # Threads, not forked children: steps wait on the database and on other systems, and the
 # heartbeat and the worker's metrics (actions.metrics) live in the process that runs them.
@@ -307,9 +328,16 @@ CELERY_TASK_ROUTES = {
 }
 # Longer than the longest step: Redis redelivers an unacknowledged message after this.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envint("STEP_VISIBILITY_TIMEOUT", "3600")}
+# Celery's eager mode: every task (steps, notifications) runs in the process and thread that sends
+# it, when it is sent, with no worker. For tests and benchmarks, which turn it on in code
+# (grundlag_site.celery.run_tasks_where_sent); to run steps where they are queued, see
+# GRUNDLAG_INLINE_STEPS.
 CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", "false")
 
 # Grundlag itself.
+
+# The modules that define the site's actions, comma-separated (myteam.actions): imported when
+# Django starts, which registers each @action in them. The default is the demo's actions.
 GRUNDLAG_ACTION_MODULES = envlist("GRUNDLAG_ACTION_MODULES", "actions.examples")
 # A step's lease: its worker renews it every third of this while the step runs (a heartbeat),
 # so a step may take as long as it needs; a step whose worker died is found by the sweeper
@@ -349,36 +377,58 @@ CELERY_BEAT_SCHEDULE = {
 }
 # Notifications (actions.notify). The site's address, for the links in mails, Slack messages,
 # webhook bodies and MCP results; by default this machine at the port `make run` serves on
-# (PORT), so that links follow `PORT=8170 make run`. A webhook endpoint must resolve to public
-# addresses unless allowed.
+# (PORT), so that links follow `PORT=8170 make run`.
 GRUNDLAG_BASE_URL = os.getenv("GRUNDLAG_BASE_URL") or f"http://127.0.0.1:{envint('PORT', '8000', minimum=1)}"
+# Allow webhook endpoints that resolve to private, loopback or link-local addresses. Off, an
+# endpoint must resolve to public addresses only, when it is registered and again at each
+# delivery: the server cannot be made to call into its own network. For tests, or a site whose
+# receivers are all inside its network.
 GRUNDLAG_WEBHOOK_ALLOW_PRIVATE = envbool("GRUNDLAG_WEBHOOK_ALLOW_PRIVATE", "false")
+# Timeout of one webhook delivery, in seconds, for each of connecting, sending and waiting for the
+# answer: past it the try has failed. Also the Slack client's, rounded up to whole seconds.
 GRUNDLAG_WEBHOOK_TIMEOUT_SECONDS = envfloat("GRUNDLAG_WEBHOOK_TIMEOUT_SECONDS", "5", minimum=0.1)
+# Tries of one notification (a mail, a Slack message, a webhook delivery) before it is marked
+# failed: again after 10 s, 20 s, 40 s ..., at most an hour apart (12 tries span about 3.4 hours).
 GRUNDLAG_NOTIFY_MAX_ATTEMPTS = envint("GRUNDLAG_NOTIFY_MAX_ATTEMPTS", "12", minimum=1)
 # A process's commits that ask for notifications within this time are fanned out together
 # (scaled: as one task of the `notify` queue); 0: without waiting.
 GRUNDLAG_DISPATCH_GATHER_SECONDS = envfloat("GRUNDLAG_DISPATCH_GATHER_SECONDS", "0.05")
+# A webhook endpoint whose every delivery has failed for this long (seconds, from the first failure
+# after a success; a day by default) is disabled, with the reason shown in the team's webhook list
+# and the admin.
 GRUNDLAG_WEBHOOK_DISABLE_AFTER_SECONDS = envint("GRUNDLAG_WEBHOOK_DISABLE_AFTER_SECONDS", "86400", minimum=60)
 # How long a claimed notification is left to its sender (a worker that died mid-send) before it
 # is sent again.
 GRUNDLAG_SEND_LEASE_SECONDS = envint("GRUNDLAG_SEND_LEASE_SECONDS", "60", minimum=1)
-# Reviewers are reminded (interrupt.expiring) this long before a deadline; mails for those who
-# chose a digest go out together this often; a mail's decision link lasts until the deadline,
-# else this many days.
+# Reviewers are reminded (interrupt.expiring) this long before an interrupt's deadline, in seconds.
 GRUNDLAG_REMIND_BEFORE_SECONDS = envint("GRUNDLAG_REMIND_BEFORE_SECONDS", "3600", minimum=60)
+# The mails of those who chose a digest are gathered and go out together at the end of each
+# period of this many seconds (periods counted from the Unix epoch: 3600 sends on the hour, UTC).
 GRUNDLAG_DIGEST_SECONDS = envint("GRUNDLAG_DIGEST_SECONDS", "3600", minimum=60)
+# A mail's decision link works until the interrupt's deadline, or for this many days after the
+# mail if that comes first (the mail says so).
 GRUNDLAG_LINK_DAYS = envint("GRUNDLAG_LINK_DAYS", "7", minimum=1)
 
 # Mail, by Django's standard settings. Without EMAIL_HOST mails are printed to the console (what
 # `make run` does), so a newcomer sees them.
 EMAIL_HOST = os.getenv("EMAIL_HOST", "")
+# The SMTP server's port: 25, or typically 587 with EMAIL_USE_TLS and 465 with EMAIL_USE_SSL.
 EMAIL_PORT = envint("EMAIL_PORT", "25", minimum=1)
+# The user name to log in to the SMTP server with, if it asks for one (with EMAIL_HOST_PASSWORD).
 EMAIL_HOST_USER = os.getenv("EMAIL_HOST_USER", "")
+# The password for EMAIL_HOST_USER.
 EMAIL_HOST_PASSWORD = os.getenv("EMAIL_HOST_PASSWORD", "")
+# STARTTLS: the connection starts plain and is upgraded to TLS (usually port 587). Not with
+# EMAIL_USE_SSL: the process refuses to start with both.
 EMAIL_USE_TLS = envbool("EMAIL_USE_TLS", "false")
+# TLS from the first byte (implicit TLS, usually port 465). Not with EMAIL_USE_TLS.
 EMAIL_USE_SSL = envbool("EMAIL_USE_SSL", "false")
+# Seconds a call to the SMTP server may take; past it the try has failed and the mail is tried
+# again later (Django's own default is to wait forever).
 EMAIL_TIMEOUT = envint("EMAIL_TIMEOUT", "10", minimum=1)
+# The sender (From) of the site's mails: an address the SMTP server lets the site send as.
 DEFAULT_FROM_EMAIL = os.getenv("DEFAULT_FROM_EMAIL", "Grundlag <approvals@localhost>")
+# Django's mail backend, a dotted path: by default SMTP when EMAIL_HOST is set, else the console.
 EMAIL_BACKEND = os.getenv(
     "EMAIL_BACKEND",
     "django.core.mail.backends.smtp.EmailBackend"
@@ -388,11 +438,13 @@ EMAIL_BACKEND = os.getenv(
 if EMAIL_USE_TLS and EMAIL_USE_SSL:
     raise ImproperlyConfigured("EMAIL_USE_TLS and EMAIL_USE_SSL are exclusive: set one")
 
-# Slack (actions.notify.slack): the bot's token (chat:write, users:read, users:read.email), the
-# app's signing secret for its interactions (POST /slack/interactions), and the Web API's
-# address (Slack's; tests point it at a local server).
+# Slack (actions.notify.slack). The bot's token (scopes chat:write, users:read,
+# users:read.email): without it, nothing is sent to Slack.
 SLACK_BOT_TOKEN = os.getenv("SLACK_BOT_TOKEN", "")
+# The Slack app's signing secret: every interaction (POST /slack/interactions, the Approve and
+# Reject buttons) must be signed with it. Without it, every interaction is refused (401).
 SLACK_SIGNING_SECRET = os.getenv("SLACK_SIGNING_SECRET", "")
+# Slack's Web API address; the tests point it at a local server.
 SLACK_API_URL = os.getenv("SLACK_API_URL", "https://slack.com/api/")
 # The workspace's id (T0123...): interactions from any other (a shared channel, a second
 # installation) are refused. Without it, the bot token's own workspace (Slack's auth.test).
@@ -404,6 +456,10 @@ GRUNDLAG_MAX_STEP_REQUEUES = envint("GRUNDLAG_MAX_STEP_REQUEUES", "5", minimum=1
 # worker: for scripts, notebooks and tests that embed the engine, as LangGraph's invoke runs a
 # graph in its caller. A process crash mid-step is recovered by the sweeper, as for a worker.
 GRUNDLAG_INLINE_STEPS = envbool("GRUNDLAG_INLINE_STEPS", "false")
+# The largest value a run takes or records, in bytes of JSON: an input, an answer or a reason
+# (refused when sent; 413 from the API), a step's output or a pause's data (the run fails, saying
+# so). A driver's state (an agent's conversation, a script's call log) may be 16 times this; a
+# request body, this plus 64 KiB.
 GRUNDLAG_MAX_PAYLOAD_BYTES = envint("GRUNDLAG_MAX_PAYLOAD_BYTES", str(256 * 1024), minimum=1024)
 # A request carries at most one payload plus its envelope.
 DATA_UPLOAD_MAX_MEMORY_SIZE = GRUNDLAG_MAX_PAYLOAD_BYTES + 64 * 1024
@@ -462,29 +518,43 @@ GRUNDLAG_WAIT_POLL_SECONDS = envfloat("GRUNDLAG_WAIT_POLL_SECONDS", "1.0", minim
 # is pending, with its link (actions.mcp).
 GRUNDLAG_MCP_WAIT_SECONDS = envfloat("GRUNDLAG_MCP_WAIT_SECONDS", "25", minimum=0)
 # Production's view (actions.metrics). /metrics answers only a bearer of this token (it is off,
-# 404, without one); /healthz and /readyz are open and say nothing but up / ready. A Celery
-# worker serves its own metrics on GRUNDLAG_WORKER_METRICS_ADDR (host:port; off when empty).
+# 404, without one); /healthz and /readyz are open and say nothing but up / ready.
 GRUNDLAG_METRICS_TOKEN = os.getenv("GRUNDLAG_METRICS_TOKEN", "")
+# host:port where each Celery worker serves its own /metrics (its steps, queue waits and
+# decisions); a port alone binds 127.0.0.1. Off when empty. It asks for no token: bind it to a
+# private address only.
 GRUNDLAG_WORKER_METRICS_ADDR = os.getenv("GRUNDLAG_WORKER_METRICS_ADDR", "")
 # Sandboxed scripts: limits of the child process that runs one (the actions it calls run outside).
+# CPU seconds of the child in one step (RLIMIT_CPU): past them, it is killed and the script fails.
 GRUNDLAG_SANDBOX_CPU_SECONDS = envint("GRUNDLAG_SANDBOX_CPU_SECONDS", "5", minimum=1)
+# Wall-clock seconds one step of a script may take, the actions it calls not counted: every read
+# from the child and every write to it has this deadline, then the child is killed.
 GRUNDLAG_SANDBOX_WALL_SECONDS = envint("GRUNDLAG_SANDBOX_WALL_SECONDS", "30", minimum=1)
+# The child's memory, in MiB (its address space, RLIMIT_AS): an allocation past it fails, and
+# with it the script.
 GRUNDLAG_SANDBOX_MEMORY_BYTES = envint("GRUNDLAG_SANDBOX_MEMORY_MB", "512", minimum=64) * 1024 * 1024
-# How many actions one run of a script may call, and how large its call log may grow.
+# How many actions one run of a script may call, over all its steps; past it the script fails.
 GRUNDLAG_SANDBOX_MAX_CALLS = envint("GRUNDLAG_SANDBOX_MAX_CALLS", "100", minimum=1)
+# How large one run's call log (each call's input and result, as JSON) may grow, in bytes; past it
+# the script fails.
 GRUNDLAG_SANDBOX_MAX_LOG_BYTES = envint("GRUNDLAG_SANDBOX_MAX_LOG_BYTES", str(1024 * 1024), minimum=1024)
 # "bwrap": scripts run inside bubblewrap (Debian's bubblewrap package), and are refused when it
 # cannot start. "none": without it, a weaker sandbox (language guards, limits and a seccomp
-# filter only), logged as a warning at every script. See the README's security section.
+# filter only), logged as a warning at every script. See docs/explanation/security.md.
 GRUNDLAG_SANDBOX_ISOLATION = os.getenv("GRUNDLAG_SANDBOX_ISOLATION", "bwrap").strip().lower()
 if GRUNDLAG_SANDBOX_ISOLATION not in ("bwrap", "none"):
     raise ImproperlyConfigured(
         f"GRUNDLAG_SANDBOX_ISOLATION must be bwrap or none, got {GRUNDLAG_SANDBOX_ISOLATION!r}"
     )
+# The bubblewrap program: a name is looked up in /usr/bin and /bin only (the PATH scripts start
+# with); elsewhere, give its full path.
 GRUNDLAG_BWRAP = os.getenv("GRUNDLAG_BWRAP", "bwrap")
 # How often an open websocket re-checks its user's session and teams.
 GRUNDLAG_SOCKET_RECHECK_SECONDS = envint("GRUNDLAG_SOCKET_RECHECK_SECONDS", "30", minimum=1)
 try:
+    # The OpenAI-compatible chat endpoints agents may use, by name, as JSON: `{"local": {"base_url":
+    # "http://127.0.0.1:11434/v1", "model": "qwen3", "api_key_env": "LOCAL_KEY"}}`. The key is read
+    # from the variable that api_key_env names, when the model is called; it is never stored.
     GRUNDLAG_MODELS: dict[str, dict[str, str]] = json.loads(os.getenv("GRUNDLAG_MODELS", "{}"))
 except json.JSONDecodeError as exc:
     raise ImproperlyConfigured(f"GRUNDLAG_MODELS must be JSON: {exc}") from None
@@ -498,11 +568,19 @@ LOGOUT_REDIRECT_URL = "login"
 
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
+# Session and CSRF cookies go over HTTPS only: on unless DEBUG is. `make run` turns it off, as it
+# serves plain HTTP on 127.0.0.1; leave it on wherever the site is reached over HTTPS.
 SESSION_COOKIE_SECURE = envbool("SECURE_COOKIES", "false" if DEBUG else "true")
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
+# Django's SECURE_HSTS_SECONDS: the max-age of the Strict-Transport-Security header on HTTPS
+# responses (behind a proxy, with BEHIND_HTTPS_PROXY), which has browsers use HTTPS only for that
+# long; 0: none. Start small: a browser keeps it for the whole max-age.
 SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", "0")
+# Behind a proxy that terminates HTTPS: a request it forwards with X-Forwarded-Proto: https counts
+# as secure (Django's SECURE_PROXY_SSL_HEADER), for secure cookies, CSRF's origin check and HSTS.
+# Only where the proxy sets that header itself, replacing a client's.
 SECURE_PROXY_SSL_HEADER = (
     ("HTTP_X_FORWARDED_PROTO", "https") if envbool("BEHIND_HTTPS_PROXY", "false") else None
 )
@@ -512,12 +590,19 @@ X_FRAME_OPTIONS = "DENY"
 # client address lock that pair out for a while. Other users, and the same user from elsewhere,
 # log in as usual. Attempts and lock-outs are rows in the database (admin: Axes).
 GRUNDLAG_LOGIN_ATTEMPTS = envint("GRUNDLAG_LOGIN_ATTEMPTS", "5", minimum=1)
+# How long (seconds) such a (username, address) pair stays locked out; the login page says so.
 GRUNDLAG_LOGIN_LOCKOUT_SECONDS = envint("GRUNDLAG_LOGIN_LOCKOUT_SECONDS", "900", minimum=1)
-# Wider limits with a short cool-off, against spraying (actions/web/auth.py): failures from one
-# address (an IPv6 /64) across usernames, and of one username across addresses, in the window.
+# Wider limits with a short cool-off, against spraying (actions/web/auth.py), each counted in
+# GRUNDLAG_LOGIN_WINDOW_SECONDS. Failures from one client address (an IPv6 /64), whatever the
+# usernames, that pause that address.
 GRUNDLAG_LOGIN_ADDRESS_ATTEMPTS = envint("GRUNDLAG_LOGIN_ADDRESS_ATTEMPTS", "30", minimum=1)
+# Failures of one username, from any addresses, that pause that username.
 GRUNDLAG_LOGIN_USER_ATTEMPTS = envint("GRUNDLAG_LOGIN_USER_ATTEMPTS", "20", minimum=1)
+# The window (seconds) those failures are counted in, in the cache: it starts at the first
+# failure, and the count ends with it.
 GRUNDLAG_LOGIN_WINDOW_SECONDS = envint("GRUNDLAG_LOGIN_WINDOW_SECONDS", "900", minimum=1)
+# How long (seconds) an address or a username over its limit is refused, before any password is
+# checked; then its count starts again.
 GRUNDLAG_LOGIN_SPRAY_COOLOFF_SECONDS = envint("GRUNDLAG_LOGIN_SPRAY_COOLOFF_SECONDS", "60", minimum=1)
 AXES_FAILURE_LIMIT = GRUNDLAG_LOGIN_ATTEMPTS
 AXES_COOLOFF_TIME = timedelta(seconds=GRUNDLAG_LOGIN_LOCKOUT_SECONDS)
@@ -547,12 +632,16 @@ CACHES = (
 )
 
 LANGUAGE_CODE = "en-us"
+# Django's TIME_ZONE (an IANA name, Europe/Berlin): the zone times are shown in, on pages and in
+# messages, and a time given without a zone is read in. Times are stored in UTC whatever it is.
 TIME_ZONE = os.getenv("TIME_ZONE", "UTC")
 USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
+# Where `collectstatic` copies the static files (`make run` and the Procfile's release step run
+# it), for WhiteNoise to serve.
 STATIC_ROOT = Path(os.getenv("STATIC_ROOT", str(BASE_DIR / "staticfiles")))
 # WhiteNoise serves the files where they are (static/, the apps'), also over what collectstatic
 # copied: a stale copy can never shadow a newer file. Set false to serve STATIC_ROOT only.
@@ -563,16 +652,15 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {
+        # The level of the application's log (the `actions` logger, to stderr): DEBUG, INFO,
+        # WARNING, ERROR or CRITICAL. Django's and the libraries' loggers keep their defaults.
         "actions": {"handlers": ["console"], "level": os.getenv("LOG_LEVEL", "INFO"), "propagate": False}
     },
 }
 
 
 # Isolation: no token crowds out the others (actions.live.waiting).
-# Requests per token (per user, for a request signed in instead) to the API (/api/) and the MCP
-# endpoint (/mcp/): "N/period", the period s, sec, m, min, h, hour, d or day, optionally a
-# multiple ("100/10s"). Over it: 429 with Retry-After. The history is ninja's throttle's, in the
-# cache above: Redis, shared by every process, when REDIS_URL is set. "0" or empty: no limit.
+# A rate of requests, "N/period", as ninja's throttle parses it; "" (no limit) for "0" or empty.
 def envrate(name: str, default: str) -> str:
     import re
 
@@ -585,6 +673,12 @@ def envrate(name: str, default: str) -> str:
     return value
 
 
+# Requests per API token to the API (/api/) and the MCP endpoint (/mcp/), one budget for both:
+# "N/period", the period s, sec, m, min, h, hour, d or day, optionally a multiple ("100/10s").
+# Over it: 429 with Retry-After. Both take API tokens only, and a request without a valid one is
+# refused before it counts. Counted in fixed windows of the period (a burst across a window's
+# edge may reach twice the rate), in the cache (CACHES): Redis, shared by every process, when
+# REDIS_URL is set; else each process counts its own. "0" or empty: no limit.
 GRUNDLAG_API_RATE = envrate("GRUNDLAG_API_RATE", "600/min")
 # Requests of one token held waiting at once in a process (`Prefer: wait`, an MCP tool call
 # without a task, MCP's tasks/result): past it, a request is answered at once with what is
@@ -603,8 +697,13 @@ GRUNDLAG_CONDITION_BUDGET = envint("GRUNDLAG_CONDITION_BUDGET", "2000000", minim
 # the database when a worker claims a step). Past it a run waits its turn, queued: it goes on
 # when one of its team's steps ends. The defaults leave a quarter of one worker's threads
 # (WORKER_CONCURRENCY, the embedded pool's too) to other teams. 0: no limit.
+# This one is a team's share: with several workers, size it to their threads together.
 GRUNDLAG_TEAM_STEPS = envint("GRUNDLAG_TEAM_STEPS", str(max(1, CELERY_WORKER_CONCURRENCY * 3 // 4)))
+# Steps of the runs one API token started, running at once: by default a team's share
+# (GRUNDLAG_TEAM_STEPS); lower it so that one client of a team cannot take the team's whole share.
 GRUNDLAG_TOKEN_STEPS = envint("GRUNDLAG_TOKEN_STEPS", str(GRUNDLAG_TEAM_STEPS))
+# Steps of one team's scripts running at once, each in a sandboxed process of its own: by default
+# half of WORKER_CONCURRENCY.
 GRUNDLAG_TEAM_SCRIPTS = envint("GRUNDLAG_TEAM_SCRIPTS", str(max(1, CELERY_WORKER_CONCURRENCY // 2)))
 # Requests of one API token under way at once in a web process (/api/, /mcp/), held waits
 # included; past it 429 with Retry-After: 1, before anything runs (actions.web.middleware).

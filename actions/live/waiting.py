@@ -376,7 +376,7 @@ def place_to_wait(token_id: int | None) -> Iterator[bool]:
 
 
 class TokenRateThrottle(BaseThrottle):
-    """settings.GRUNDLAG_API_RATE per API token (per user, for a request signed in instead):
+    """settings.GRUNDLAG_API_RATE per API token (the API and /mcp/ take tokens only):
     a ninja throttle counting in Django's cache (Redis, shared by every process, when there is
     one; see _Window), keyed by the token's id, read from the settings at each request. ninja
     keeps one throttle for every request of the API and its window of the request being
