@@ -92,3 +92,27 @@ def test_sql_is_written_only_in_the_engines_store(statement: str) -> None:
         if re.search(statement, path.read_text()) and path not in allowed
     ]
     assert holders == []
+
+
+def test_the_queue_hands_runs_to_the_steps_runner_once_the_engine_is_loaded() -> None:
+    """The queue sits below the decisions, which hand runs over; what runs a step is registered
+    by actions.engine.steps as the engine's package loads it. Were that import dropped, every
+    hand-over would fail after its commit, logged and left to the sweeper."""
+    from actions.engine import queue, steps
+
+    runner = queue._executor()
+    assert runner.queued is steps.execute_step and runner.claimed is steps._execute_claimed
+
+
+def test_every_task_named_anywhere_is_registered() -> None:
+    """Background work is sent by its task's name (actions.background); the routes and beat's
+    schedule name tasks too. A name that matches no task would be lost at the broker."""
+    from celery import current_app
+    from django.conf import settings
+
+    from actions import background
+
+    named = {background.RUN_STEP, background.DISPATCH, background.DELIVER_NOTIFICATIONS}
+    named |= set(settings.CELERY_TASK_ROUTES)
+    named |= {str(entry["task"]) for entry in settings.CELERY_BEAT_SCHEDULE.values()}
+    assert named - set(current_app.tasks) == set()

@@ -5,15 +5,22 @@ none of them changes a status itself. Each change is one conditional UPDATE (or 
 followed by one), so concurrent callers get exactly one winner, and slow work (running a step,
 pushing to browsers) happens after commit.
 
-- ``steps``: starting runs, handing steps to workers (or running them inline), recording them;
-- ``decisions``: approving, rejecting, N-of-M approvals, cancelling;
-- ``policies``: what an interrupt's policy says, and who may decide it;
-- ``deadlines``: a policy's timers (deadlines, escalations);
-- ``recovery``: steps whose worker died, messages that were lost;
+From the top (pyproject.toml's import-linter contract holds the order):
+
+- ``deadlines``, ``comments``, ``recovery``: a policy's timers, the discussion, steps whose
+  worker died and messages that were lost;
+- ``steps``: starting runs, running a step and recording how it ended;
+- ``decisions``: approving, rejecting, N-of-M approvals, cancelling; a rule's or a grant's
+  decision (``settle``);
+- ``queue``: handing a run's next step over (to a worker, the embedded pool, or inline), the
+  teams' fair shares; ``grants``: standing grants; ``dry_run``: a rule's dry run;
+- ``rules``: the teams' rules (CEL), judged before the transaction, applied in it (``route``);
+- ``delegation``: time away; ``policies``: what an interrupt's policy says, who may decide it;
 - ``journal``: the transaction's audit events, its inbox changes (numbered in each team's
-  stream) and its pushes after commit;
-- ``store``: every SQL statement written by hand;
-- ``errors``: what the engine refuses, and the limits on what it stores.
+  stream) and its announcements after commit; ``audit``: the hash chains; ``idempotency``;
+- ``store``: every statement the engine makes, by name; ``sql``: how they run;
+- ``driving``: the driver port and registry; ``errors``: what the engine refuses, and the
+  limits on what it stores.
 """
 
 from __future__ import annotations
@@ -53,6 +60,9 @@ from actions.engine.policies import (
     why_not_cancel,
 )
 from actions.engine.recovery import sweep
+
+# Loading steps registers its runner with the queue (queue.steps_run_by): the queue hands runs
+# over through it. tests/test_engine.py checks it is registered.
 from actions.engine.steps import execute_step, pending_interrupts, record, start_run
 from actions.engine.store import counted_approvals, snapshot
 

@@ -127,7 +127,7 @@ def append(events: Sequence[Sequence[Any]]) -> None:
 
 def chained(events: Sequence[Sequence[Any]]) -> list[list[Any]]:
     """The events (run_id, interrupt_id, kind, actor_id, actor_name, detail, at; the detail a
-    store.Json), each with its seq, hash and run_hash appended. What the JSON column will give
+    sql.Json), each with its seq, hash and run_hash appended. What the JSON column will give
     back of a detail differently (an integral float, a tuple, a key that is not a string) the
     canonical form makes the same. In the caller's transaction, which must end soon: the
     chain's head row stays locked until it does (inserting them moves it on)."""

@@ -3,7 +3,8 @@
 An engine change runs in ``atomic()``. Its audit events are collected as it goes and written
 in one INSERT as it ends, in the same transaction. What changed is announced after it commits
 (a rolled-back change tells no one anything), as the signals ``team_changed`` and
-``run_changed``: the web layer (actions.live.push) pushes them to open pages.
+``run_changed``: actions.live pushes them to open pages and wakes the requests waiting on them;
+actions.notify tells whom they concern.
 """
 
 from __future__ import annotations

@@ -181,7 +181,7 @@ def _waiting_key(team_id: int) -> str:
     return f"grundlag:waiting-turn:{team_id}"
 
 
-def _waiting(run_id: int) -> None:
+def note_waiting(run_id: int) -> None:
     """If the run the claim refused is still queued, it waits for its turn: say so (in the cache
     every worker shares) for its team."""
     team_id = Run.objects.filter(pk=run_id, status=Status.QUEUED).values_list("team_id", flat=True).first()
@@ -190,7 +190,7 @@ def _waiting(run_id: int) -> None:
         logger.info("run %s waits its turn: its team has its share of the workers", run_id)
 
 
-def _hand_on(team_id: int) -> None:
+def hand_on_turn(team_id: int) -> None:
     """One of the team's steps ended: where runs of the team wait their turn, the longest
     waiting go to the workers now (a claim still decides which may run)."""
     if inline() or not cache.get(_waiting_key(team_id)):

@@ -1,5 +1,6 @@
-"""Rules, standing grants and delegation: what happens to an interrupt when it is created,
-before anyone sees it.
+"""What happens to an interrupt when it is created, before anyone sees it: the rules, and where
+they hand over to standing grants (actions.engine.grants) and delegation
+(actions.engine.delegation).
 
 In the transaction that records the pause (actions.engine.steps.record), from what their
 conditions said when evaluated just before it (``judge``: none runs under the transaction's

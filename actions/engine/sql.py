@@ -3,7 +3,8 @@ names come from the models' ``_meta`` (``{Run}`` is the run's table, ``{Run.stat
 column), values adapted by the model fields' own ``get_db_prep_save`` (or, as parameters, the
 way DateTimeField and JSONField save them), rows read back through the same converters a
 queryset uses and made into model instances by ``Model.from_db`` (columns not selected are
-deferred, loaded on first access). Only actions.engine.store uses it."""
+deferred, loaded on first access). The store's statements run through it; the journal and
+the steps insert new rows with ``insert`` and pass JSON with ``Json``."""
 
 from __future__ import annotations
 

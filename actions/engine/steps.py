@@ -1,10 +1,10 @@
-"""Runs and their steps: starting a run, handing its steps to workers (or running them inline),
-and recording how each step ended.
+"""Runs and their steps: starting a run, running a step and recording how it ended (the queue,
+actions.engine.queue, hands the steps over).
 
-A step is run by the run's driver (actions.drivers) under a lease: claimed by one conditional
-UPDATE, recorded by another that only the holder of the current lease can make. Everything
-slow (the step itself, pushes to browsers) happens after the transaction that queued it
-commits.
+A step is run by the run's driver (actions.engine.driving.driver_for) under a lease: claimed
+by one conditional UPDATE, recorded by another that only the holder of the current lease can
+make. Everything slow (the step itself, pushes to browsers) happens after the transaction that
+queued it commits.
 """
 
 from __future__ import annotations
@@ -53,12 +53,12 @@ from actions.engine.policies import policy_fields, policy_layers
 from actions.engine.queue import (
     NO_LIMITS,
     StepRunner,
-    _hand_on,
-    _waiting,
     answers_of,
+    hand_on_turn,
     hand_over,
     inline,
     lease_from,
+    note_waiting,
     shares,
     steps_run_by,
 )
@@ -214,7 +214,7 @@ def execute_step(run_id: int, queued_at: float | None = None) -> None:
             # Another delivery of the message, or another worker, has it; or its team has its
             # share of the workers: it waits its turn, queued.
             if limits != NO_LIMITS:
-                _waiting(run_id)
+                note_waiting(run_id)
             return
         log(run, RunEvent.Kind.CLAIMED, None, attempt=run.attempt)
         push_run_status(run, run.status)
@@ -237,7 +237,7 @@ def _execute_claimed(run: Run, answers: Answers | None = None, queued_seconds: f
         record(run, result)
     finally:
         _let_go(run)
-        _hand_on(run.team_id)
+        hand_on_turn(run.team_id)
     step_ran.send(
         Run, action=run.action, status=result.status, seconds=seconds, queued_seconds=queued_seconds
     )

@@ -1,5 +1,6 @@
-"""The engine's statements: every read and write the engine makes of a run, an interrupt, the
-event log and the audit chain is a function here, named for what it does.
+"""The engine's statements: the reads and writes the engine makes of a run, an interrupt, the
+event log and the audit chain are functions here, named for what they do (a new row is
+inserted with actions.engine.sql.insert, its one generic statement).
 
 The rule: a statement on the path of a pause and its decision (measured by
 bench/engine_throughput.py) is written in SQL, through actions.engine.sql's templates (a
@@ -33,6 +34,8 @@ def insert_events(rows: Sequence[Sequence[Any]]) -> None:
     """Append events to run logs in one INSERT; each is (run_id, interrupt_id, kind, actor_id,
     actor_name, detail, at, seq, hash, run_hash): its place in the audit chain and its hashes
     given (actions.engine.audit.append makes them, in the transaction this runs in)."""
+    if not rows:
+        return
     row = "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
     execute(
         sql(

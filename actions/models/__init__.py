@@ -43,7 +43,6 @@ from actions.models.runs import (
     Comment,
     Interrupt,
     Run,
-    _short,
 )
 from actions.models.teams import (
     Actor,
@@ -57,7 +56,6 @@ from actions.models.teams import (
 )
 
 __all__ = [
-    "_short",
     "Actor",
     "actor_name",
     "actor_user",

@@ -363,27 +363,26 @@ def approve(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     )
     if isinstance(decided, HttpResponse):
         return decided
-    if decided.interrupt.is_pending and decided.restarted:
-        text = (
+    return _decided(request, interrupt, approved_text(decided, lasting))
+
+
+def approved_text(decided: engine.Decided, lasting: str = "") -> str:
+    """What the reviewer is told of their approval: the count of an N-of-M (started again when
+    their answer differs), the grant given with it, or the edit it carried."""
+    it = decided.interrupt
+    if it.is_pending and decided.restarted:
+        return (
             f"Your answer differs from the one {', '.join(decided.restarted)} approved, so the count starts "
-            f"again from yours: {decided.approvals} of {decided.interrupt.approvals_required} approvals."
+            f"again from yours: {decided.approvals} of {it.approvals_required} approvals."
         )
-        return _decided(request, interrupt, text)
-    if decided.interrupt.is_pending:
-        of = decided.interrupt.approvals_required
-        return _decided(request, interrupt, f"Approved: {decided.approvals} of {of} approvals.")
+    if it.is_pending:
+        return f"Approved: {decided.approvals} of {it.approvals_required} approvals."
     if lasting:
         said = dict(GrantForm.LASTING)[lasting].lower()
-        return _decided(
-            request,
-            interrupt,
-            f"Approved “{interrupt.message}”, and the same is allowed {said} (see Grants).",
-        )
-    if decided.interrupt.edited_arguments is not None:
-        return _decided(
-            request, interrupt, f"Approved “{interrupt.message}” with the arguments as you edited them."
-        )
-    return _decided(request, interrupt, f"Approved “{interrupt.message}”.")
+        return f"Approved “{it.message}”, and the same is allowed {said} (see Grants)."
+    if it.edited_arguments is not None:
+        return f"Approved “{it.message}” with the arguments as you edited them."
+    return f"Approved “{it.message}”."
 
 
 @login_required

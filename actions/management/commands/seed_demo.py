@@ -7,6 +7,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
+from django.test.utils import override_settings
 
 from actions import engine
 from actions.drivers.agent import start_agent
@@ -120,22 +121,24 @@ class Command(BaseCommand):
 
         started = 0
         if not options["no_runs"] and not Run.objects.filter(team=team).exists():
-            # Their first steps run here, as each is committed: the server starts with them
-            # paused in the inbox, not queued by a process that is gone.
-            settings.GRUNDLAG_INLINE_STEPS = True
-            for action_name, payload in DEMO_RUNS:
-                engine.start_run(action_name, payload, team, people["reviewer2"], Run.Consumer.DASHBOARD)
-                started += 1
-            start_agent(
-                DEMO_AGENT_MESSAGES,
-                ["lookup_customer", "send_invoice"],
-                DEMO_AGENT_MODEL,
-                team,
-                people["reviewer2"],
-            )
-            # As a service outside would ask (POST /api/approvals), with the demo token.
-            request_approval(team, token, **DEMO_APPROVAL)
-            started += 2
+            # Without a broker (make run), their first steps run here as each is committed: the
+            # server starts with them paused in the inbox, not queued by a process that is gone.
+            # With one, the workers run them.
+            inline = settings.CELERY_BROKER_URL.startswith("memory://") or settings.GRUNDLAG_INLINE_STEPS
+            with override_settings(GRUNDLAG_INLINE_STEPS=inline):
+                for action_name, payload in DEMO_RUNS:
+                    engine.start_run(action_name, payload, team, people["reviewer2"], Run.Consumer.DASHBOARD)
+                    started += 1
+                start_agent(
+                    DEMO_AGENT_MESSAGES,
+                    ["lookup_customer", "send_invoice"],
+                    DEMO_AGENT_MODEL,
+                    team,
+                    people["reviewer2"],
+                )
+                # As a service outside would ask (POST /api/approvals), with the demo token.
+                request_approval(team, token, **DEMO_APPROVAL)
+                started += 2
 
         for username in people:
             self.stdout.write(

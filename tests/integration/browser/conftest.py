@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,13 +60,19 @@ def collect_dialogs(page: Page) -> list[str]:
     return dialogs
 
 
-def start_invoice(server: Server, token: str, invoice_id: str, wait: int = 20) -> int:
-    """Start a run of send_invoice through the API, waiting until it has paused; its interrupt."""
+def start_invoice(server: Server, token: str, invoice_id: str, wait: int = 20, patience: float = 120) -> int:
+    """Start a run of send_invoice through the API, waiting until it has paused; its interrupt.
+    A run still queued after ``wait`` (a worker reconnecting to its broker, a machine busy with
+    other work) is read again, each read waiting for its change, for up to ``patience`` seconds:
+    what is asserted is that it pauses, not how soon."""
+    deadline = time.monotonic() + patience
     with server.client(token) as api:
         run = api.post(
             "/api/runs",
             json={"action": "send_invoice", "input": {"invoice_id": invoice_id, "amount": 1}},
             headers={"Prefer": f"wait={wait}"},
         ).json()
+        while run.get("status") in ("queued", "running") and time.monotonic() < deadline:
+            run = api.get(f"/api/runs/{run['id']}", headers={"Prefer": "wait=10"}).json()
     assert run["status"] == "interrupted", run
     return int(run["interrupt"]["id"])
