@@ -34,12 +34,12 @@ node: $(NODE_MODULES)
 # DEBUG stays off (the default): an error page shows nothing of the settings. Cookies are not
 # marked Secure because this serves plain HTTP on 127.0.0.1; behind HTTPS they are
 # (docs/how-to/deploy.md).
-# Scripts run under bubblewrap: the system's bwrap (Debian's bubblewrap package).
+# Scripts run under bubblewrap, the system's (Debian's bubblewrap package); the server says at
+# start when it cannot use it.
 run: runtime
 	$(BIN)/python manage.py migrate --noinput -v0
 	$(BIN)/python manage.py collectstatic --noinput -v0
 	PORT=$(PORT) $(BIN)/python manage.py seed_demo
-	@command -v bwrap >/dev/null || echo "Note: scripts need bubblewrap (apt-get install bubblewrap); everything else works without it."
 	PORT=$(PORT) SECURE_COOKIES=false exec $(BIN)/python manage.py serve --port $(PORT)
 
 # The same with Django's debug pages, for development only.

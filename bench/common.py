@@ -101,7 +101,7 @@ def served_site(
     if redis is not None:
         redis.start()
         site_env["REDIS_URL"] = redis.url
-    site = Site(env=site_env, log_dir=log_dir)
+    site = Site(env=site_env, log_dir=log_dir, redis=redis)
     try:
         site.manage("migrate", "--noinput", "-v0")
         token = site.manage("seed_demo", "--no-runs").strip().splitlines()[-1].split(": ")[-1]

@@ -102,8 +102,9 @@ def generated_secret_key() -> str:
 
 # Django's secret key: the mails' decision links and MCP task ids are signed with it, and sessions
 # are bound to it. Unset, a random key is made once in GRUNDLAG_VAR_DIR/secret_key (with DEBUG, a
-# fixed development key). Every machine of one site must share it; changing it signs everyone out
-# and voids the links already mailed.
+# fixed development key, public in this source: never run with DEBUG where others can reach the
+# site unless SECRET_KEY is set). Every machine of one site must share it; changing it signs
+# everyone out and voids the links already mailed.
 SECRET_KEY = os.getenv("SECRET_KEY", "")
 if not SECRET_KEY:
     SECRET_KEY = "insecure-development-key-do-not-use-in-production" if DEBUG else generated_secret_key()

@@ -15,6 +15,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections
 
 from actions import engine, notify
+from actions.drivers import sandbox
 from actions.engine import audit, idempotency, queue
 from actions.notify import process
 
@@ -54,6 +55,12 @@ class Command(BaseCommand):
             threading.Thread(target=sweep_periodically, args=(stop,), daemon=True).start()
 
         host, port = options["host"], options["port"]
+        # Said once, at start, as the server itself finds it (GRUNDLAG_BWRAP in /usr/bin or /bin,
+        # able to make its namespaces here); checked again only by a new process.
+        try:
+            sandbox.check_isolation()
+        except sandbox.SandboxUnavailable as exc:
+            self.stderr.write(f"Note: {exc}. Everything else works without it.")
         self.stdout.write(f"Grundlag approvals on http://{host}:{port}/  (Ctrl-C stops it)")
         try:
             Server(
