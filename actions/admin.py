@@ -19,7 +19,6 @@ from pydantic import ValidationError
 from actions import engine, notify
 from actions.conditions import ConditionError
 from actions.core import describe_errors, field_errors, registry
-from actions.engine import dry_run, grants, rules
 from actions.models import (
     PERSON_EVENTS,
     ApiToken,
@@ -144,7 +143,7 @@ class TeamRuleForm(forms.ModelForm[TeamRule]):
         cleaned = super().clean() or {}
         if when := cleaned.get("when"):
             try:
-                rules.compile(when)
+                engine.compile_condition(when)
             except ConditionError as exc:
                 self.add_error("when", f"This is not a condition a rule can use: {exc}.")
         name = cleaned.get("action") or ""
@@ -249,15 +248,15 @@ class TeamRuleAdmin(GuardedAdmin):
         return self.render_change_form(request, context, add=obj is None, change=obj is not None, obj=obj)
 
     def _dry_run(self, rule: TeamRule) -> dict[str, Any]:
-        compiled = rules.Compiled(
+        compiled = engine.CompiledRule(
             rule.name,
             rule.action,
-            rules.compile(rule.when),
-            rules.outcome_of(rule),
+            engine.compile_condition(rule.when),
+            engine.outcome_of(rule),
             rule.pk,
             (rule.position, rule.pk or 2**62),
         )
-        looked, held, failed = dry_run.run(rule.team, compiled, self.DRY_RUN_LIMIT)
+        looked, held, failed = engine.dry_run(rule.team, compiled, self.DRY_RUN_LIMIT)
         agreeing = [each.agrees for each in held]
         return {
             "looked": looked,
@@ -292,7 +291,7 @@ class GrantAdmin(GuardedAdmin):
 
     @admin.action(description="Revoke the selected grants now")
     def revoke(self, request: HttpRequest, queryset: Any) -> None:
-        done = sum(grants.revoke_grant(grant, request.user) for grant in queryset)
+        done = sum(engine.revoke_grant(grant, request.user) for grant in queryset)
         self.message_user(request, f"Revoked {done} grant{'s' if done != 1 else ''}.")
 
 

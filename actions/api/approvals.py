@@ -20,7 +20,6 @@ from actions.drivers.approval import (
     policy_of,
     request_approval,
 )
-from actions.engine.policies import as_requested
 from actions.models import Interrupt, Run
 
 router = Router()
@@ -97,7 +96,7 @@ def approval_out(request: HttpRequest, run: Run) -> dict[str, Any]:
     it = run.interrupts.defer("state").order_by("seq").first()
     asked = run.driver_state
     if it is None:  # its pause not recorded yet (a worker's step): its policy, as it will be
-        policy = as_requested(engine.effective_policy(run.team_id, APPROVAL_ACTION), policy_of(asked))
+        policy = engine.as_requested(engine.effective_policy(run.team_id, APPROVAL_ACTION), policy_of(asked))
         approvals_required, assignees = policy.approvals, list(policy.assignees)
     else:
         approvals_required, assignees = it.approvals_required, it.assignees

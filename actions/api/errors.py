@@ -10,8 +10,6 @@ from actions import engine
 from actions.core import UnknownAction
 from actions.drivers.agent import ModelError
 from actions.drivers.sandbox import SandboxUnavailable
-from actions.engine import idempotency
-from actions.engine.errors import DATABASE_UNAVAILABLE
 
 
 def register(api: NinjaAPI) -> None:
@@ -32,8 +30,8 @@ def register(api: NinjaAPI) -> None:
     def not_cancellable(request: HttpRequest, exc: engine.NotCancellable) -> HttpResponse:
         return api.create_response(request, {"detail": str(exc)}, status=409)
 
-    @api.exception_handler(idempotency.KeyInUse)
-    def key_in_use(request: HttpRequest, exc: idempotency.KeyInUse) -> HttpResponse:
+    @api.exception_handler(engine.idempotency.KeyInUse)
+    def key_in_use(request: HttpRequest, exc: engine.idempotency.KeyInUse) -> HttpResponse:
         response = api.create_response(request, {"detail": str(exc)}, status=409)
         response["Retry-After"] = "1"
         return response
@@ -63,7 +61,7 @@ def register(api: NinjaAPI) -> None:
     @api.exception_handler(OperationalError)
     @api.exception_handler(InterfaceError)
     def database_unavailable(request: HttpRequest, exc: Exception) -> HttpResponse:
-        return api.create_response(request, {"detail": DATABASE_UNAVAILABLE}, status=503)
+        return api.create_response(request, {"detail": engine.DATABASE_UNAVAILABLE}, status=503)
 
     @api.exception_handler(ModelError)
     def model_error(request: HttpRequest, exc: ModelError) -> HttpResponse:

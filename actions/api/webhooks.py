@@ -11,8 +11,8 @@ from ninja import Router, Schema, Status
 from ninja.errors import HttpError
 from pydantic import Field
 
+from actions import engine
 from actions.api.base import Error, In, token_of
-from actions.engine import idempotency
 from actions.models import Webhook, WebhookEvent, actor_name
 from actions.notify import webhook
 
@@ -77,7 +77,7 @@ def create_webhook(request: HttpRequest, payload: WebhookIn) -> Status[dict[str,
         hook = Webhook.objects.create(
             team_id=token.team_id, url=payload.url, events=events, created_by_name=actor_name(token)
         )
-        idempotency.record(None)
+        engine.idempotency.record(None)
     return Status(201, {**webhook_out(hook), "secret": hook.secret})
 
 

@@ -25,6 +25,7 @@ From the top (pyproject.toml's import-linter contract holds the order):
 
 from __future__ import annotations
 
+from actions.engine import idempotency
 from actions.engine.comments import comment, may_comment
 from actions.engine.deadlines import apply_policies
 from actions.engine.decisions import (
@@ -39,7 +40,10 @@ from actions.engine.decisions import (
     resume,
     validate_answer,
 )
+from actions.engine.delegation import end_away, set_away
+from actions.engine.dry_run import run as dry_run
 from actions.engine.errors import (
+    DATABASE_UNAVAILABLE,
     AlreadyDecided,
     Busy,
     EngineError,
@@ -50,9 +54,11 @@ from actions.engine.errors import (
     PayloadTooLarge,
     check_size,
 )
+from actions.engine.grants import GRANT_LASTING, GrantRefused, give_grant, revoke_grant, why_no_grant
 from actions.engine.journal import InboxChange, public_error
 from actions.engine.journal import log as log_event
 from actions.engine.policies import (
+    as_requested,
     effective_policy,
     may_decide,
     separation_of_duties,
@@ -60,6 +66,9 @@ from actions.engine.policies import (
     why_not_cancel,
 )
 from actions.engine.recovery import sweep
+from actions.engine.rules import Compiled as CompiledRule
+from actions.engine.rules import compile as compile_condition
+from actions.engine.rules import live_grants, outcome_of
 
 # Loading steps registers its runner with the queue (queue.steps_run_by): the queue hands runs
 # over through it. tests/test_engine.py checks it is registered.
@@ -67,6 +76,21 @@ from actions.engine.steps import execute_step, pending_interrupts, record, start
 from actions.engine.store import counted_approvals, snapshot
 
 __all__ = [
+    "DATABASE_UNAVAILABLE",
+    "GRANT_LASTING",
+    "CompiledRule",
+    "GrantRefused",
+    "as_requested",
+    "compile_condition",
+    "dry_run",
+    "end_away",
+    "give_grant",
+    "idempotency",
+    "live_grants",
+    "outcome_of",
+    "revoke_grant",
+    "set_away",
+    "why_no_grant",
     "CANCELLABLE",
     "AlreadyDecided",
     "Decided",

@@ -11,10 +11,9 @@ from typing import Any
 from django import forms
 from django.utils.html import escape
 
+from actions import engine
 from actions.conditions import ConditionError
 from actions.core import registry
-from actions.engine import rules
-from actions.engine.grants import GRANT_LASTING
 
 MAX_TEXT_INPUT = 200
 _BOOLEAN_CHOICE = {True: "true", False: "false"}
@@ -146,7 +145,7 @@ class GrantForm(forms.Form):
     """On the approve form: approve, and allow the same for a while (a standing grant).
     Prefixed "grant"."""
 
-    LASTING = [("", "Just this once")] + [(key, label) for key, (label, _) in GRANT_LASTING.items()]
+    LASTING = [("", "Just this once")] + [(key, label) for key, (label, _) in engine.GRANT_LASTING.items()]
     lasting = forms.ChoiceField(
         choices=LASTING, required=False, widget=forms.RadioSelect, label="Allow the same", initial=""
     )
@@ -173,7 +172,7 @@ class GrantForm(forms.Form):
                 self.add_error("condition", "Write the condition the arguments must meet.")
             else:
                 try:
-                    rules.compile(condition)
+                    engine.compile_condition(condition)
                 except ConditionError as exc:
                     self.add_error("condition", f"This is not a condition a grant can use: {exc}.")
             cleaned["condition"] = condition

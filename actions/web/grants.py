@@ -15,8 +15,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from actions.engine import delegation, rules
-from actions.engine import grants as standing
+from actions import engine
 from actions.models import Delegation, Grant, Team
 from actions.web.views import AuthenticatedRequest
 
@@ -33,7 +32,7 @@ def grants(request: AuthenticatedRequest) -> HttpResponse:
     """The standing grants of your teams: those in force, then the last ones that ended."""
     now = timezone.now()
     visible = _grants_for(request.user)
-    live = rules.live_grants(visible, now).order_by("-created_at")
+    live = engine.live_grants(visible, now).order_by("-created_at")
     ended = visible.exclude(pk__in=live.values("pk")).order_by("-created_at")[:ENDED_SHOWN]
     return render(request, "actions/grants.html", {"live": list(live), "ended": list(ended), "now": now})
 
@@ -45,7 +44,7 @@ def revoke(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     grant = _grants_for(request.user).filter(pk=pk).first()
     if grant is None:
         raise Http404("No such grant")
-    if standing.revoke_grant(grant, request.user):
+    if engine.revoke_grant(grant, request.user):
         messages.success(request, f"Revoked grant #{grant.pk}: it approves nothing more.")
     else:
         messages.info(request, f"Grant #{grant.pk} was revoked already.")
@@ -80,7 +79,7 @@ def away(request: AuthenticatedRequest) -> HttpResponse:
     if form.is_valid():
         data = form.cleaned_data
         try:
-            made = delegation.set_away(request.user, data["delegate"], data["starts_at"], data["ends_at"])
+            made = engine.set_away(request.user, data["delegate"], data["starts_at"], data["ends_at"])
         except ValueError as exc:
             form.add_error(None, f"{str(exc)[:1].upper()}{str(exc)[1:]}.")
         else:
@@ -105,6 +104,6 @@ def back(request: AuthenticatedRequest, pk: int) -> HttpResponse:
     absence = Delegation.objects.filter(pk=pk, user=request.user).first()
     if absence is None:
         raise Http404("No such absence")
-    delegation.end_away(absence)
+    engine.end_away(absence)
     messages.success(request, "Welcome back: what is assigned to you comes to you again.")
     return redirect("away")

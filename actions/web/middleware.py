@@ -16,8 +16,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from actions.engine import idempotency
-from actions.engine.errors import DATABASE_UNAVAILABLE
+from actions import engine
 from actions.live.waiting import Places
 from actions.models import ApiToken, IdempotencyKey
 
@@ -42,8 +41,8 @@ class DatabaseUnavailableMiddleware:
             return None
         logger.warning("database unavailable during %s %s: %s", request.method, request.path, exception)
         if request.headers.get("HX-Request"):
-            return HttpResponse(DATABASE_UNAVAILABLE, status=503, content_type="text/plain")
-        body = f"<!doctype html><title>Unavailable</title><h1>503</h1><p>{DATABASE_UNAVAILABLE}</p>"
+            return HttpResponse(engine.DATABASE_UNAVAILABLE, status=503, content_type="text/plain")
+        body = f"<!doctype html><title>Unavailable</title><h1>503</h1><p>{engine.DATABASE_UNAVAILABLE}</p>"
         return HttpResponse(body, status=503)
 
 
@@ -245,14 +244,14 @@ class IdempotencyMiddleware:
         token = ApiToken.from_authorization(request.headers.get("Authorization", ""))
         if token is None:
             return self.get_response(request)  # refused by the API's own authentication
-        digest = idempotency.request_hash(request.method, request.get_full_path(), request.body)
+        digest = engine.idempotency.request_hash(request.method, request.get_full_path(), request.body)
 
         def first_use() -> IdempotencyKey | None:
             return IdempotencyKey.objects.filter(token=token, key=key).first()
 
         if (first := first_use()) is not None:
             return replayed(first, digest)
-        with idempotency.requested(idempotency.Claim(token.pk, key, digest)) as claim:
+        with engine.idempotency.requested(engine.idempotency.Claim(token.pk, key, digest)) as claim:
             response = self.get_response(request)
         if claim.row_id is None:
             # Refused, perhaps because a request with the same key made the change meanwhile (a
@@ -263,7 +262,7 @@ class IdempotencyMiddleware:
             return response
         if response.status_code < 500 and not response.streaming:
             try:
-                idempotency.answered(
+                engine.idempotency.answered(
                     claim, response.status_code, response.content, response.get("Content-Type", "")
                 )
             except Exception:
@@ -297,7 +296,7 @@ def replayed(first: Any, digest: str) -> HttpResponse:
     )
     in_flight = timedelta(seconds=longest + IN_FLIGHT_MARGIN_SECONDS)
     if first.created_at > timezone.now() - in_flight:
-        response = JsonResponse({"detail": idempotency.IN_USE}, status=409)
+        response = JsonResponse({"detail": engine.idempotency.IN_USE}, status=409)
         response["Retry-After"] = "1"
         return response
     # Its change was made, and its answer lost with the process that was giving it.

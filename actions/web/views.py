@@ -23,7 +23,6 @@ from django_htmx.middleware import HtmxDetails
 
 from actions import engine
 from actions.core import registry
-from actions.engine import grants
 from actions.models import InboxStream, Interrupt, Run, RunEvent, Team, Webhook
 from actions.web.forms import ApprovalForm, GrantForm, RejectForm, SchemaForm, answer_form, form_for_schema
 
@@ -162,7 +161,7 @@ def decision_context(request: AuthenticatedRequest, interrupt: Interrupt, **extr
     if "edit_form" not in extra:
         # An agent's tool call may be approved with its arguments edited.
         context["edit_form"] = edit_form(interrupt) if can_decide and not may_not_approve else None
-    if context["can_approve"] and not grants.why_no_grant(interrupt):
+    if context["can_approve"] and not engine.why_no_grant(interrupt):
         # "Approve, and allow the same for an hour / this run / until revoked."
         context["grant_form"] = GrantForm(prefix="grant")
         context["grant_requester"] = interrupt.run.started_by_name
