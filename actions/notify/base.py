@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from actions.models import DeliveryAttempt, Interrupt, Notification, Preferences, Team
+from actions.models import DeliveryAttempt, Interrupt, Notification, Preferences, Team, TeamChannels
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,49 @@ class NotSent(Exception):
     """Not to be sent: no longer for its recipient (they left the team, turned mail off, were
     disabled, or it was decided meanwhile), or an error that no retry mends (a Slack channel
     that does not exist): recorded, not sent, not retried."""
+
+
+# Makes a notification of the event being fanned out: (channel, key of its message id, payload,
+# and the Notification's other fields: recipient, webhook, digest, next_attempt_at).
+Notify = Callable[..., None]
+
+
+class Transport:
+    """A channel, in the module of its own (webhook, email, slack): whom an interrupt's event
+    reaches on it, and sending one of its notifications. ``send`` returns the HTTP status code
+    (0 where there is none); an error is a DeliveryFailed, tried again later, or a NotSent,
+    which no retry mends: recorded, never retried (healthchecks' transports say the same with
+    TransportError(permanent=...)). A new channel is a module with its Transport, listed in
+    actions.notify.delivery.TRANSPORTS, and a Notification.Channel."""
+
+    channel: str
+
+    def send(self, notification: Notification) -> int:
+        raise NotImplementedError
+
+    def to_people(
+        self,
+        it: Interrupt,
+        kind: str,
+        body: dict[str, Any],
+        notify: Notify,
+        routing: TeamChannels,
+        people: list[Any],
+    ) -> None:
+        """An interrupt's event, to the people of its team who hear of it (``people``: those who
+        may decide it, or for a decision whoever asked), as the team routes it (``routing``)."""
+
+    def to_mentioned(self, user: Any, body: dict[str, Any], notify: Notify) -> None:
+        """A comment that names ``user``, a member of the interrupt's team."""
+
+
+def preferences(user: Any) -> Preferences:
+    """The person's own notification settings (the defaults when they chose none)."""
+    try:
+        prefs: Preferences = user.grundlag_preferences
+    except Preferences.DoesNotExist:
+        return Preferences(user=user)
+    return prefs
 
 
 def decided_meanwhile(kind: str, interrupt_status: str) -> str:

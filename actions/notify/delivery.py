@@ -31,6 +31,7 @@ from actions.notify.base import (
     ASKS_DECISION,
     DeliveryFailed,
     NotSent,
+    Transport,
     decided_meanwhile,
     not_sent,
     send_lease,
@@ -47,10 +48,10 @@ Outcome = Notification.Outcome
 FIRST_RETRY_SECONDS = 10
 LONGEST_RETRY_SECONDS = 3600
 
-TRANSPORTS: dict[str, Callable[[Notification], int]] = {
-    Notification.Channel.WEBHOOK: webhook.send,
-    Notification.Channel.EMAIL: email.send,
-    Notification.Channel.SLACK: slack.send,
+# The channels, each a module of its own: how a notification of each is sent, and (dispatch)
+# whom an event reaches on it.
+TRANSPORTS: dict[str, Transport] = {
+    transport.channel: transport for transport in (webhook.TRANSPORT, email.TRANSPORT, slack.TRANSPORT)
 }
 
 
@@ -89,7 +90,7 @@ def deliver(notification_id: int) -> bool | None:
         error = f"the endpoint is disabled: {hook.disabled_reason}"
     else:
         try:
-            status_code = TRANSPORTS[notification.channel](notification)
+            status_code = TRANSPORTS[notification.channel].send(notification)
         except NotSent as exc:
             skip(notification, str(exc))
             return False

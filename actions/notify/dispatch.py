@@ -24,15 +24,13 @@ from actions.models import (
     Fanout,
     Interrupt,
     Notification,
-    Preferences,
     Run,
     RunEvent,
-    SlackMessage,
     TeamChannels,
     Webhook,
 )
 from actions.notify import delivery, process
-from actions.notify.base import ASKS_ANEW, absolute, decided_meanwhile, not_sent
+from actions.notify.base import absolute, decided_meanwhile, not_sent
 from actions.reads.records import run_fields, transcript_entry
 
 logger = logging.getLogger(__name__)
@@ -171,69 +169,21 @@ def fan_out(event: RunEvent, subscribers: Subscribers | None = None) -> list[Not
     return made
 
 
-def _asked_in_slack(it: Interrupt) -> bool:
-    return (
-        SlackMessage.objects.filter(interrupt=it).exists()
-        or Notification.objects.filter(
-            event__interrupt=it, channel=Notification.Channel.SLACK, type__in=ASKS_ANEW
-        ).exists()
-    )
-
-
 def _to_people(
     it: Interrupt, kind: str, body: dict[str, Any], notify: Any, routing_of: Callable[[int], TeamChannels]
 ) -> None:
-    """Mail and Slack: to those who may decide it (its assignees, when it names any), or for a
-    decision to whoever asked; routed by the team's choice of events and each person's."""
+    """Each channel's share: to those who may decide it (its assignees, when it names any), or
+    for a decision to whoever asked; routed by the team's choice of events and each person's."""
     # Escalated: the team it went to hears of it, with that team's routing.
     team_id = it.escalate_to_id if kind == "interrupt.escalated" and it.escalate_to_id else it.team_id
     routing = routing_of(team_id)
     people = _people(it, kind, [team_id] if kind == "interrupt.escalated" else it.team_ids)
-    if kind in routing.email_events:
-        for user in people:
-            prefs = _preferences(user)
-            if not prefs.email or not user.email:
-                continue
-            # A digest holds what can wait: not a reminder, nor what expires before it is sent.
-            slot = _digest_slot()
-            digest = (
-                prefs.email_digest
-                and kind != "interrupt.expiring"
-                and not (kind in ASKS_ANEW and it.expires_at is not None and it.expires_at <= slot)
-            )
-            notify(
-                Notification.Channel.EMAIL,
-                f"u{user.pk}",
-                body,
-                recipient=user,
-                digest=digest,
-                next_attempt_at=slot if digest else timezone.now(),
-            )
-    if not settings.SLACK_BOT_TOKEN:
-        return
-    if kind == "interrupt.decided":
-        # Whatever the routing says now, a message that asked loses its buttons.
-        if _asked_in_slack(it):
-            notify(Notification.Channel.SLACK, "s", body)
-        return
-    if kind not in routing.slack_events:
-        return
-    if kind == "interrupt.expiring":
-        # Answered in the threads of the messages that asked.
-        if _asked_in_slack(it):
-            notify(Notification.Channel.SLACK, "s", body)
-    elif it.assignees:
-        # Assigned: to the assignees alone, as direct messages.
-        for user in people:
-            notify(Notification.Channel.SLACK, f"d{user.pk}", {**body, "slack_user": user.pk}, recipient=user)
-    elif routing.slack_channel:
-        notify(Notification.Channel.SLACK, f"s{team_id}", {**body, "slack_channel": routing.slack_channel})
+    for transport in delivery.TRANSPORTS.values():
+        transport.to_people(it, kind, body, notify, routing, people)
 
 
 def _to_mentioned(it: Interrupt, event: RunEvent, body: dict[str, Any], notify: Any) -> None:
-    """A comment's @mentions: to each member named, a mail (a mention is personal: whatever the
-    team routes, as long as the person has mail on; in a digest if they chose one) and, where
-    Slack is set up, a direct message."""
+    """A comment's @mentions: each member named, on each channel that tells a person."""
     names = [str(name) for name in (event.detail.get("mentions") or [])]
     users = (
         get_user_model()
@@ -243,20 +193,8 @@ def _to_mentioned(it: Interrupt, event: RunEvent, body: dict[str, Any], notify: 
         .order_by("pk")
     )
     for user in users:
-        if settings.SLACK_BOT_TOKEN:
-            notify(Notification.Channel.SLACK, f"d{user.pk}", body, recipient=user)
-        prefs = _preferences(user)
-        if not prefs.email or not user.email:
-            continue
-        slot = _digest_slot()
-        notify(
-            Notification.Channel.EMAIL,
-            f"u{user.pk}",
-            body,
-            recipient=user,
-            digest=prefs.email_digest,
-            next_attempt_at=slot if prefs.email_digest else timezone.now(),
-        )
+        for transport in delivery.TRANSPORTS.values():
+            transport.to_mentioned(user, body, notify)
 
 
 def _people(it: Interrupt, kind: str, team_ids: list[int]) -> list[Any]:
@@ -272,21 +210,6 @@ def _people(it: Interrupt, kind: str, team_ids: list[int]) -> list[Any]:
     if it.assignees:
         users = users.filter(username__in=it.assignees)
     return list(users.select_related("grundlag_preferences").order_by("pk"))
-
-
-def _preferences(user: Any) -> Preferences:
-    try:
-        prefs: Preferences = user.grundlag_preferences
-    except Preferences.DoesNotExist:
-        return Preferences(user=user)
-    return prefs
-
-
-def _digest_slot() -> Any:
-    """When the digest that a mail made now goes in is sent: the end of the current period."""
-    period = settings.GRUNDLAG_DIGEST_SECONDS
-    now = timezone.now()
-    return now + timedelta(seconds=period - now.timestamp() % period)
 
 
 # In this process, the events of one run are worked out one dispatch at a time (the

@@ -6,6 +6,7 @@ for the period's notifications, each with its link."""
 from __future__ import annotations
 
 import smtplib
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -16,9 +17,20 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
-from actions.models import DeliveryAttempt, Notification
+from actions.models import DeliveryAttempt, Interrupt, Notification, TeamChannels
 from actions.notify import links
-from actions.notify.base import ASKS_DECISION, DeliveryFailed, absolute, send_lease, skip, still_for
+from actions.notify.base import (
+    ASKS_ANEW,
+    ASKS_DECISION,
+    DeliveryFailed,
+    Notify,
+    Transport,
+    absolute,
+    preferences,
+    send_lease,
+    skip,
+    still_for,
+)
 
 VERDICTS = {"approved": "Approved", "rejected": "Rejected", "expired": "Expired", "cancelled": "Cancelled"}
 
@@ -122,3 +134,67 @@ def send(notification: Notification) -> int:
                 outcome=Notification.Outcome.DELIVERED, delivered_at=now
             )
     return 250
+
+
+def digest_slot() -> Any:
+    """When the digest that a mail made now goes in is sent: the end of the current period."""
+    period = settings.GRUNDLAG_DIGEST_SECONDS
+    now = timezone.now()
+    return now + timedelta(seconds=period - now.timestamp() % period)
+
+
+class EmailTransport(Transport):
+    channel = Notification.Channel.EMAIL
+
+    def send(self, notification: Notification) -> int:
+        return send(notification)
+
+    def to_people(
+        self,
+        it: Interrupt,
+        kind: str,
+        body: dict[str, Any],
+        notify: Notify,
+        routing: TeamChannels,
+        people: list[Any],
+    ) -> None:
+        if kind not in routing.email_events:
+            return
+        for user in people:
+            prefs = preferences(user)
+            if not prefs.email or not user.email:
+                continue
+            # A digest holds what can wait: not a reminder, nor what expires before it is sent.
+            slot = digest_slot()
+            digest = (
+                prefs.email_digest
+                and kind != "interrupt.expiring"
+                and not (kind in ASKS_ANEW and it.expires_at is not None and it.expires_at <= slot)
+            )
+            notify(
+                self.channel,
+                f"u{user.pk}",
+                body,
+                recipient=user,
+                digest=digest,
+                next_attempt_at=slot if digest else timezone.now(),
+            )
+
+    def to_mentioned(self, user: Any, body: dict[str, Any], notify: Notify) -> None:
+        """A mention is personal: mailed whatever the team routes, as long as the person has
+        mail on (in a digest if they chose one)."""
+        prefs = preferences(user)
+        if not prefs.email or not user.email:
+            return
+        slot = digest_slot()
+        notify(
+            self.channel,
+            f"u{user.pk}",
+            body,
+            recipient=user,
+            digest=prefs.email_digest,
+            next_attempt_at=slot if prefs.email_digest else timezone.now(),
+        )
+
+
+TRANSPORT = EmailTransport()

@@ -15,8 +15,8 @@ from django.utils import timezone
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 
-from actions.models import Interrupt, Notification, Preferences, SlackMessage
-from actions.notify.base import ASKS_ANEW, DeliveryFailed, NotSent, absolute
+from actions.models import Interrupt, Notification, Preferences, SlackMessage, TeamChannels
+from actions.notify.base import ASKS_ANEW, DeliveryFailed, Notify, NotSent, Transport, absolute
 
 APPROVE, REJECT, OPEN = "grundlag_approve", "grundlag_reject", "grundlag_open"
 # Slack's errors that trying again later does not mend.
@@ -237,3 +237,57 @@ def _remind(interrupt: Interrupt) -> None:
             thread_ts=message.ts,
             text=f"Still waiting: the deadline is {_when(interrupt.expires_at)}.",
         )
+
+
+def asked_in_slack(it: Interrupt) -> bool:
+    """Whether a message in Slack asked for this interrupt's decision (or is about to)."""
+    return (
+        SlackMessage.objects.filter(interrupt=it).exists()
+        or Notification.objects.filter(
+            event__interrupt=it, channel=Notification.Channel.SLACK, type__in=ASKS_ANEW
+        ).exists()
+    )
+
+
+class SlackTransport(Transport):
+    channel = Notification.Channel.SLACK
+
+    def send(self, notification: Notification) -> int:
+        return send(notification)
+
+    def to_people(
+        self,
+        it: Interrupt,
+        kind: str,
+        body: dict[str, Any],
+        notify: Notify,
+        routing: TeamChannels,
+        people: list[Any],
+    ) -> None:
+        if not settings.SLACK_BOT_TOKEN:
+            return
+        if kind == "interrupt.decided":
+            # Whatever the routing says now, a message that asked loses its buttons.
+            if asked_in_slack(it):
+                notify(self.channel, "s", body)
+            return
+        if kind not in routing.slack_events:
+            return
+        if kind == "interrupt.expiring":
+            # Answered in the threads of the messages that asked.
+            if asked_in_slack(it):
+                notify(self.channel, "s", body)
+        elif it.assignees:
+            # Assigned: to the assignees alone, as direct messages.
+            for user in people:
+                notify(self.channel, f"d{user.pk}", {**body, "slack_user": user.pk}, recipient=user)
+        elif routing.slack_channel:
+            notify(self.channel, f"s{routing.team_id}", {**body, "slack_channel": routing.slack_channel})
+
+    def to_mentioned(self, user: Any, body: dict[str, Any], notify: Notify) -> None:
+        """Where Slack is set up, a direct message."""
+        if settings.SLACK_BOT_TOKEN:
+            notify(self.channel, f"d{user.pk}", body, recipient=user)
+
+
+TRANSPORT = SlackTransport()

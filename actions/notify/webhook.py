@@ -21,7 +21,7 @@ from django.conf import settings
 from standardwebhooks import Webhook as Signer
 
 from actions.models import Notification
-from actions.notify.base import DeliveryFailed
+from actions.notify.base import DeliveryFailed, Transport
 
 # IPv6 forms that carry an IPv4 address, which a gateway, a tunnel or the host's own stack may
 # deliver to: Python's is_global judges the IPv6 prefix (and differs between versions on 6to4
@@ -152,3 +152,16 @@ def send(notification: Notification) -> int:
     if not 200 <= status_code < 300:
         raise DeliveryFailed(f"HTTP {status_code} {reason}", status_code)
     return status_code
+
+
+class WebhookTransport(Transport):
+    """An endpoint hears of its team's events by subscription (actions.notify.dispatch), not as
+    a person: it has no share of an interrupt's people."""
+
+    channel = Notification.Channel.WEBHOOK
+
+    def send(self, notification: Notification) -> int:
+        return send(notification)
+
+
+TRANSPORT = WebhookTransport()
