@@ -14,7 +14,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import transaction
 
-from actions import engine
+from actions import background, engine
 from actions.engine import journal, queue, steps
 from actions.live import waiting
 from actions.models import Run, Team
@@ -82,7 +82,9 @@ def test_a_step_is_handed_to_the_pool_only_once_its_transaction_commits(
         with transaction.atomic():
             run = engine.start_run("send_invoice", {"invoice_id": "E-3", "amount": 2}, team, reviewer)
             assert recording.submitted == [], "not before the commit: the step would not find the run"
-        assert [args[0] for args in recording.submitted] == [run.pk]
+        assert [(task, task_args) for task, task_args, _ in recording.submitted] == [
+            (background.RUN_STEP, (run.pk,))
+        ]
         with pytest.raises(RuntimeError, match="rolled back"), transaction.atomic():
             engine.start_run("send_invoice", {"invoice_id": "E-4", "amount": 2}, team, reviewer)
             raise RuntimeError("rolled back")
@@ -103,7 +105,7 @@ def test_a_step_queued_while_the_server_stops_stays_queued_for_the_next_start(
 def test_without_a_pool_a_step_goes_to_celery(
     settings: Any, team: Team, reviewer: User, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from actions import background, tasks
+    from actions import tasks
 
     settings.GRUNDLAG_INLINE_STEPS = False
     sent: list[tuple[tuple[int, ...], dict[str, Any]]] = []

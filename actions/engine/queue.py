@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import close_old_connections, transaction
+from django.db import transaction
 
 from actions import background
 from actions.engine import store
@@ -63,31 +63,18 @@ def lease_from(now: datetime) -> datetime:
 
 
 # The embedded setup (`manage.py serve` with no broker) is its own worker: a step goes to one
-# of this process's threads as the transaction that queued it commits, with no broker to poll.
-# It runs the same task, and makes the same claim, as a Celery worker would.
-_pool: Executor | None = None
-
-
+# of this process's threads as the transaction that queued it commits, with no broker to poll
+# (actions.background.threads_for). It runs the same task, and makes the same claim, as a Celery
+# worker would.
 def run_steps_in(pool: Executor | None) -> None:
     """Run queued steps in ``pool``'s threads (None: hand them to Celery). Once the pool is shut
     down, a step queued meanwhile stays queued in the database, for the next start to run."""
-    global _pool
-    _pool = pool
+    background.threads_for(background.queue_of(background.RUN_STEP), pool)
 
 
 def runs_here() -> bool:
     """Whether this process runs the steps it queues (inline, or in its embedded pool)."""
-    return inline() or _pool is not None
-
-
-def _run_step_here(run_id: int, queued_at: float) -> None:
-    close_old_connections()
-    try:
-        background.run_here(background.RUN_STEP, run_id, headers={background.QUEUED_AT: str(queued_at)})
-    except Exception:
-        logger.exception("step of run %s failed; the sweeper will retry it", run_id)
-    finally:
-        close_old_connections()
+    return inline() or background.runs_in_threads(background.RUN_STEP)
 
 
 def enqueue(run_id: int) -> None:
@@ -96,25 +83,17 @@ def enqueue(run_id: int) -> None:
     if inline():
         _step_after_commit(run_id, lambda: _executor().queued(run_id))
         return
-    if (pool := _pool) is not None:
 
-        def submit() -> None:
-            try:
-                pool.submit(_run_step_here, run_id, time.time())
-            except RuntimeError:  # shutting down: queued in the database, the next start runs it
-                logger.warning("run %s stays queued: the process is stopping", run_id)
-
-        transaction.on_commit(submit, robust=True)
-        return
-
-    def send() -> None:
+    def submit() -> None:
         try:
-            background.send(background.RUN_STEP, run_id, headers={background.QUEUED_AT: str(time.time())})
+            background.submit(background.RUN_STEP, run_id, headers={background.QUEUED_AT: str(time.time())})
+        except RuntimeError:  # the embedded pool is stopping: the next start runs it
+            logger.warning("run %s stays queued: the process is stopping", run_id)
         except Exception:
             # The run is committed as queued; the sweeper enqueues it again. Nothing is lost.
             logger.exception("could not enqueue run %s; the sweeper will retry", run_id)
 
-    transaction.on_commit(send, robust=True)
+    transaction.on_commit(submit, robust=True)
 
 
 def hand_over(run: Run, answers: Answers | None = None) -> None:

@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -183,21 +183,19 @@ def deliver_due(limit: int = 200) -> int:
     return len(due)
 
 
-# Where deliveries run. A Celery worker of the scaled setup runs the task; the embedded server
-# gives them threads of their own (deliver_in), never the steps' threads: a slow endpoint must
-# not hold up a run.
-_pool: Executor | None = None
+# Where deliveries run. A Celery worker of the scaled setup runs the task; the embedded
+# server's notifier gives them threads of their own (deliver_in, actions.background), never the
+# steps' threads: a slow endpoint must not hold up a run.
 _background = ThreadPoolExecutor(1, thread_name_prefix="grundlag-dispatch")
 
 
 def deliver_in(pool: Executor | None) -> None:
-    global _pool
-    _pool = pool
+    background.threads_for(background.queue_of(background.DELIVER_NOTIFICATIONS), pool)
 
 
 def delivers_here() -> bool:
     """Whether this process delivers (the embedded notifier's threads), not Celery's workers."""
-    return _pool is not None
+    return background.runs_in_threads(background.DELIVER_NOTIFICATIONS)
 
 
 def schedule(notification_id: int) -> None:
@@ -217,18 +215,18 @@ def schedule_all(notification_ids: list[int], *, alone: Collection[int] = ()) ->
         for notification_id in notification_ids:
             notifier.deliver(notification_id)
         return
-    if (pool := _pool) is not None:
-        with contextlib.suppress(RuntimeError):  # stopping: they stay pending; the next start sends them
-            for notification_id in notification_ids:
-                pool.submit(_deliver_here, notification_id)
-        return
-    together = [pk for pk in notification_ids if pk not in alone]
-    batches = [[pk] for pk in notification_ids if pk in alone] + [
+    # In the notifier's threads each goes alone (they are sent side by side); to Celery's
+    # workers, a few to a task.
+    here = delivers_here()
+    together = [] if here else [pk for pk in notification_ids if pk not in alone]
+    batches = [[pk] for pk in notification_ids if here or pk in alone] + [
         together[n : n + DELIVERY_BATCH] for n in range(0, len(together), DELIVERY_BATCH)
     ]
     for batch in batches:
         try:
-            background.send(background.DELIVER_NOTIFICATIONS, batch)
+            background.submit(background.DELIVER_NOTIFICATIONS, batch)
+        except RuntimeError:  # the notifier is stopping: pending, the next start sends them
+            return
         except Exception:
             logger.warning("notifications %s stay pending: the broker refused them", batch, exc_info=True)
 
@@ -289,14 +287,6 @@ def deliver_each(notification_ids: list[int]) -> None:
             logger.exception("notification %s: delivery failed; the periodic round retries", notification_id)
 
 
-def _deliver_here(notification_id: int) -> None:
-    close_old_connections()
-    try:
-        deliver_each([notification_id])
-    finally:
-        close_old_connections()
-
-
 def finish_background() -> None:
     """Wait for the work handed to run_in_background (a process that stops)."""
     _background.shutdown(wait=True)
@@ -305,7 +295,7 @@ def finish_background() -> None:
 def run_in_background(work: Callable[[], None]) -> None:
     """Run ``work`` in this process's dispatch thread (nothing under eager tasks, as in the
     unit tests, which dispatch when they mean to)."""
-    if background.runs_where_sent() and _pool is None:
+    if background.runs_where_sent() and not delivers_here():
         return
     with contextlib.suppress(RuntimeError):  # stopping: the next periodic round dispatches
         _background.submit(work)

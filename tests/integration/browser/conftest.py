@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Dialog, Page, sync_playwright
+from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
 
 from tests.integration.processes import Server
 
@@ -18,6 +18,12 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+
+# What a page is expected to show, it is waited for up to this long (Playwright's default is
+# 5 s): the suite runs in two processes on two cores, with servers and browsers of its own, and
+# a live update that arrives in 50 ms on a quiet machine may take seconds on a busy one. An
+# expectation met returns at once; only a failure takes the whole time.
+expect.set_options(timeout=20_000)
 
 
 # Module scope, not session: Playwright's sync API keeps an event loop running in this thread
