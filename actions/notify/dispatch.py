@@ -413,7 +413,7 @@ def on_run_changed(sender: Any = None, *, run_id: int, finished: bool = False, *
 
 def _send(runs: list[int] | None) -> None:
     try:
-        background.send(background.DISPATCH, runs)
+        background.submit(background.DISPATCH, runs)
     except Exception:
         logger.warning("the broker refused a dispatch; the periodic round tells it", exc_info=True)
 
