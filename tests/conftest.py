@@ -1,4 +1,5 @@
-"""Fixtures for every test, and the two variants the engine's and drivers' tests run in.
+"""Fixtures for every test (each in a transaction rolled back at its end, its after-commit work
+run as deployed: tests/commits.py), and the two variants the engine's and drivers' tests run in.
 
 - ``steps``: "worker steps" (handed to Celery, here eager, which claims them) or "inline steps"
   (GRUNDLAG_INLINE_STEPS: claimed by the transaction that queues them, run after it commits).
@@ -26,7 +27,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from actions.models import ApiToken, Team
 from grundlag_site.celery import run_tasks_where_sent
-from tests import recorded
+from tests import commits, recorded
 from tests.webhook_receiver import Receiver
 
 
@@ -35,6 +36,13 @@ def _tasks_run_inline() -> None:
     """In this process, steps run inline where they are enqueued (after commit), so engine
     and API tests see a settled run. Tests under tests/integration run real worker processes."""
     run_tasks_where_sent()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _commits_as_deployed() -> None:
+    """In a test that rolls back, the code's after-commit work runs when its own outermost
+    block exits, as deployed (tests/commits.py)."""
+    commits.install()
 
 
 # The variants

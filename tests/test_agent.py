@@ -19,7 +19,7 @@ from actions.drivers.agent import start_agent
 from actions.models import Interrupt, Run, Team
 
 # Runs with steps in workers and inline, on SQLite and on PostgreSQL (tests/conftest.py).
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps", "database")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("steps", "database")]
 
 
 def call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:

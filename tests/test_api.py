@@ -12,7 +12,7 @@ from django.test import Client
 from actions.models import ApiToken, Policy, Run, Team
 
 # Runs with steps in workers and inline (tests/conftest.py).
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("steps")]
 
 
 class Api:

@@ -21,7 +21,7 @@ from actions.models import IdempotencyKey, Interrupt, Policy, Run, RunEvent, Tea
 from tests.conftest import member
 from tests.test_api import Api
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps", "database")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("steps", "database")]
 
 TICKET_SCHEMA = {
     "type": "object",
@@ -201,6 +201,7 @@ def test_a_rejection_ends_it_rejected_with_the_reason(api: Api, reviewer: User) 
     assert body["answer"] is None and body["decided_by"] == "reviewer1"
 
 
+@pytest.mark.django_db(transaction=True)  # concurrent requests on threads: each must see the other's commits
 def test_prefer_wait_on_read_returns_as_soon_as_it_is_decided(api: Api, reviewer: User) -> None:
     approval = ask(api).json()
     it = the_interrupt(approval["id"])
@@ -652,6 +653,7 @@ def requester_approves(team: Team) -> None:
     Policy.objects.create(team=team, action="send_invoice", requester_may_approve=True)
 
 
+@pytest.mark.django_db(transaction=True)  # concurrent requests on threads: each must see the other's commits
 def test_a_decision_retried_while_the_first_is_made_gets_its_answer_not_already_decided(
     api: Api, token_key: str, requester_approves: None
 ) -> None:
@@ -681,6 +683,7 @@ def test_a_request_that_changed_nothing_keeps_no_key(api: Api) -> None:
     assert IdempotencyKey.objects.count() == 1
 
 
+@pytest.mark.django_db(transaction=True)  # concurrent requests on threads: each must see the other's commits
 def test_two_requests_with_one_key_at_once_make_one_change(api: Api, token_key: str) -> None:
     answers = at_once(lambda: post(Api(Client(), token_key), "/approvals", {"message": "once?"}, "race"))
     assert Run.objects.count() == 1

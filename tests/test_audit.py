@@ -20,7 +20,7 @@ from actions import engine
 from actions.engine import audit
 from actions.models import AuditAnchor, AuditCheck, AuditHead, Interrupt, Notification, Run, RunEvent, Team
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("database")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("database")]
 
 
 def finished_run(team: Team, by: User, invoice: str) -> Run:

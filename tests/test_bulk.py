@@ -15,7 +15,7 @@ from django.test import Client
 from actions import engine
 from actions.models import Interrupt, Policy, Run, RunEvent, Team
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("steps")]
 
 
 def start(team: Team, action: str = "send_invoice", by: User | None = None, **payload: Any) -> Interrupt:

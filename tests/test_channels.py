@@ -37,7 +37,7 @@ from actions.notify import delivery
 from tests.conftest import member
 from tests.slack_server import SIGNING_SECRET, TOKEN, SlackServer, button, signed, submission
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture

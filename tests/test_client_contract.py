@@ -98,6 +98,7 @@ def test_the_package_installs_with_pip_from_its_directory(tmp_path: Path) -> Non
     assert found.startswith(str(target))
 
 
+# Transactional: the WSGI application closes the connection at the end of each request.
 @pytest.mark.django_db(transaction=True)
 def test_every_call_the_client_makes_is_one_the_api_takes(token_key: str, reviewer: Any, team: Any) -> None:
     """Through the real API in this process (its WSGI app): request bodies are refused with 422

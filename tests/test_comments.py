@@ -14,7 +14,7 @@ from django.test import Client
 from actions import engine, notify
 from actions.models import Comment, Interrupt, Run, RunEvent, Team
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)

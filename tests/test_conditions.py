@@ -24,6 +24,7 @@ from actions.conditions import (
 from actions.core import ActionContext, ActionInterrupt, action
 from actions.engine import grants
 from actions.models import Grant, Interrupt, RunEvent, Team, TeamRule
+from tests import commits
 
 TEN = "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]"
 
@@ -205,7 +206,7 @@ PAIRS = "data.items.exists(a, data.items.exists(b, a == b + 1))"
 HUGE = list(range(30_000))  # about 190 KB of JSON: within the payload limit
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 @pytest.mark.usefixtures("steps", "database")
 class TestThroughTheEngine:
     def start(self, team: Team, items: list[int], by: Any = None) -> Interrupt:
@@ -297,7 +298,7 @@ class TestThroughTheEngine:
         original = Condition.evaluate
 
         def evaluate(condition: Any, given: ConditionInput, budget: int = CONDITION_BUDGET) -> Any:
-            seen.append(connection.in_atomic_block)
+            seen.append(commits.in_codes_transaction(connection))
             return original(condition, given, budget)
 
         monkeypatch.setattr(Condition, "evaluate", evaluate)

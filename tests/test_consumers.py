@@ -17,6 +17,8 @@ from actions.models import Interrupt, Run, Team
 from actions.web.consumers import InboxConsumer
 from grundlag_site.asgi import application
 
+# Transactional: sockets are served on another thread (channels' database_sync_to_async),
+# which must see the test's commits.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 

@@ -17,7 +17,7 @@ from actions import engine
 from actions.models import Interrupt, Policy, Run, Team
 
 # Runs with steps in workers and inline (tests/conftest.py).
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("steps")]
 
 
 def start(team: Team, action: str = "send_invoice", **payload: Any) -> Interrupt:

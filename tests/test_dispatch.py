@@ -48,7 +48,7 @@ def settle(run: Run) -> None:
         )
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 @pytest.mark.usefixtures("steps")
 def test_a_commits_dispatch_tells_the_runs_it_names_and_the_round_tells_the_rest(
     client: Client, token_key: str, team: Team, reviewer: User, receiver: Receiver
@@ -62,7 +62,7 @@ def test_a_commits_dispatch_tells_the_runs_it_names_and_the_round_tells_the_rest
     assert sorted(told_runs(receiver, secret)) == sorted([first.pk, second.pk])
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db(transaction=True)  # two threads, each with its own connection
 @pytest.mark.usefixtures("steps")
 def test_dispatches_of_the_same_run_at_once_work_out_its_event_once(
     client: Client,
@@ -105,7 +105,7 @@ def test_dispatches_of_the_same_run_at_once_work_out_its_event_once(
     assert told_runs(receiver, secret) == [run.pk]
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 @pytest.mark.usefixtures("steps")
 def test_a_dispatch_that_listed_events_another_told_here_meanwhile_asks_nothing_more(
     client: Client,
@@ -135,7 +135,7 @@ def test_a_dispatch_that_listed_events_another_told_here_meanwhile_asks_nothing_
         assert any('FROM "actions_fanout"' in q["sql"] for q in queries.captured_queries)
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 @pytest.mark.usefixtures("steps")
 def test_a_dispatch_reads_the_teams_webhooks_and_routing_once_for_all_its_events(
     client: Client, token_key: str, team: Team, reviewer: User, receiver: Receiver
@@ -177,7 +177,7 @@ def test_the_commits_of_the_gathering_time_are_fanned_out_as_one_task(
     assert sent == [[5, 6, 7]]
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 @pytest.mark.usefixtures("steps")
 def test_the_periodic_round_starts_after_the_events_it_has_settled(
     client: Client,

@@ -20,6 +20,7 @@ from actions.live import waiting
 from actions.models import Run, Team
 from grundlag_site.celery import run_tasks_where_sent
 
+# Transactional: the embedded pool runs steps on its own threads and connections.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 

@@ -21,7 +21,7 @@ from actions.models import ApiToken, AuditChain, Interrupt, Run, RunEvent, Team
 from grundlag_site.celery import run_tasks_where_sent
 
 # Every test runs with steps in workers and inline, on SQLite and on PostgreSQL (tests/conftest.py).
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps", "database")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("steps", "database")]
 
 
 @pytest.fixture
@@ -198,6 +198,7 @@ def test_a_second_decision_is_refused_naming_who_decided_and_when(
     assert kinds(run).count("resumed") == 1
 
 
+@pytest.mark.django_db(transaction=True)  # two threads, two connections: each must see the other's commits
 def test_two_reviewers_deciding_at_once_give_exactly_one_decision_and_one_resume(
     team: Team, reviewer: User, second_reviewer: User
 ) -> None:
@@ -287,6 +288,7 @@ def test_a_workers_step_reads_its_run_once_in_the_claim_even_to_record_who_asked
     assert pending(run).status == Interrupt.Status.PENDING
 
 
+@pytest.mark.django_db(transaction=True)  # it counts the commits
 @pytest.mark.parametrize("steps", ["inline"], indirect=True)
 def test_inline_steps_run_in_the_callers_process_and_claim_as_they_queue(
     team: Team, reviewer: User, no_worker: None, commits: list[int], monkeypatch: pytest.MonkeyPatch

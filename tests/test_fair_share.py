@@ -18,7 +18,7 @@ from actions.core import ActionContext, ActionInterrupt, action
 from actions.engine import queue, steps
 from actions.models import ApiToken, Run, Team
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("database")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("database")]
 
 release = threading.Event()
 entered = threading.Event()
@@ -66,6 +66,7 @@ def in_flight(team: Team, **fields: Any) -> Run:
     )
 
 
+@pytest.mark.django_db(transaction=True)  # steps claimed on other threads
 def test_a_team_at_its_share_waits_its_turn_while_another_team_goes_on(team: Team, other_team: Team) -> None:
     slow: list[Run] = []
 

@@ -13,7 +13,7 @@ from actions import engine, metrics
 from actions.models import Run, Team
 from actions.web import health
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("steps")]
 
 TOKEN = "metrics-test-token-0123456789"
 

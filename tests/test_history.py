@@ -22,7 +22,7 @@ from django.utils import timezone
 from actions import engine
 from actions.models import Interrupt, Run, RunEvent, Team
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def staff(auditor: User) -> Client:

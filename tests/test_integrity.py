@@ -26,7 +26,7 @@ from actions.engine.store import lock_run
 from actions.models import ApiToken, Interrupt, Policy, Run, RunEvent, Team
 
 # Runs with steps in workers and inline, on SQLite and on PostgreSQL (tests/conftest.py).
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps", "database")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("steps", "database")]
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -437,6 +437,7 @@ def test_cancelling_a_run_tells_the_inbox_of_the_team_it_escalated_to(
 # 5. One lock order: the run, then its interrupt
 
 
+@pytest.mark.django_db(transaction=True)  # a race between threads, each with its own connection
 def test_escalations_racing_decisions_all_land_once_without_a_deadlock(
     team: Team, other_team: Team, reviewer: User, caplog: Any
 ) -> None:
@@ -490,6 +491,7 @@ def test_escalations_racing_decisions_all_land_once_without_a_deadlock(
         assert kinds.count("approved") == 1 and kinds.count("escalated") <= 1
 
 
+@pytest.mark.django_db(transaction=True)  # a race between threads, each with its own connection
 def test_an_escalation_waits_for_the_run_lock_before_it_touches_the_interrupt(
     team: Team, other_team: Team
 ) -> None:
@@ -538,6 +540,7 @@ def test_an_escalation_waits_for_the_run_lock_before_it_touches_the_interrupt(
     assert Interrupt.objects.get(pk=interrupt.pk).escalated_at is not None
 
 
+@pytest.mark.django_db(transaction=True)  # a race between threads, each with its own connection
 def test_a_deadlock_is_retried_and_never_reported_as_the_database_being_unavailable() -> None:
     """The database rolls the loser of a deadlock back whole; the engine runs it again."""
     from django.db import OperationalError

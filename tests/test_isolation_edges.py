@@ -22,7 +22,7 @@ from actions.notify import webhook
 from grundlag_site.asgi import application
 from tests.test_settings import start_with
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 PRIVATE = "resolves to a private, loopback or link-local address"
 
@@ -162,6 +162,7 @@ async def test_mcp_refuses_a_page_of_another_origin_before_anything_runs(
     assert ran == [] and not await Run.objects.aexists()
 
 
+@pytest.mark.django_db(transaction=True)  # served by a server on another thread, with its own connection
 @in_one_loop
 async def test_mcp_runs_a_call_without_an_origin(token_key: str, ran: list[str]) -> None:
     response = await mcp_call(token_key, "from a program").get_response(timeout=10)
@@ -169,6 +170,7 @@ async def test_mcp_runs_a_call_without_an_origin(token_key: str, ran: list[str])
     assert ran == ["from a program"]
 
 
+@pytest.mark.django_db(transaction=True)  # served by a server on another thread, with its own connection
 @in_one_loop
 async def test_mcp_runs_a_call_from_a_page_of_the_site(token_key: str, ran: list[str]) -> None:
     site = django_settings.GRUNDLAG_BASE_URL  # its origin is allowed by default, as the hosts are
@@ -178,6 +180,7 @@ async def test_mcp_runs_a_call_from_a_page_of_the_site(token_key: str, ran: list
     assert ran == [site, "http://testserver", "https://localhost:8443"]
 
 
+@pytest.mark.django_db(transaction=True)  # served by a server on another thread, with its own connection
 @in_one_loop
 async def test_mcp_follows_the_allowed_origins_setting(token_key: str, ran: list[str], settings: Any) -> None:
     settings.GRUNDLAG_ALLOWED_ORIGINS = ["https://approvals.example.com"]
@@ -206,6 +209,7 @@ async def socket_from(origin: bytes, cookie: bytes) -> tuple[bool, WebsocketComm
     return connected, communicator
 
 
+@pytest.mark.django_db(transaction=True)  # served by a server on another thread, with its own connection
 async def test_the_live_socket_admits_the_same_origins_as_mcp(team: Team, reviewer: User) -> None:
     cookie = await session_cookie(reviewer)
     # The site's address, and a host of ALLOWED_HOSTS on any port (`make run`, the test servers).
@@ -316,6 +320,7 @@ async def test_a_streamed_body_is_refused_once_past_the_cap_and_read_no_further(
     assert ran == [] and not await Run.objects.aexists()
 
 
+@pytest.mark.django_db(transaction=True)  # served by a server on another thread, with its own connection
 async def test_a_streamed_body_within_the_cap_reaches_the_api_whole(token_key: str, ran: list[str]) -> None:
     headers = [
         (b"authorization", f"Bearer {token_key}".encode()),

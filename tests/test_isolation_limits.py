@@ -33,7 +33,7 @@ from actions import mcp
 from actions.live import waiting
 from actions.models import ApiToken, Team
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,6 +142,7 @@ MCP_HEADERS = {
 PING = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
 
 
+@pytest.mark.django_db(transaction=True)  # waits served on other threads, with their own connections
 def test_mcp_answers_429_with_retry_after_past_the_tokens_rate_which_it_shares_with_the_api(
     settings: Any, token_key: str, other_token_key: str
 ) -> None:
@@ -168,6 +169,7 @@ def test_mcp_answers_429_with_retry_after_past_the_tokens_rate_which_it_shares_w
 # Waiting
 
 
+@pytest.mark.django_db(transaction=True)  # waits served on other threads, with their own connections
 def test_past_the_cap_a_tokens_wait_is_answered_at_once_while_another_tokens_waits(
     settings: Any, token_key: str, other_token_key: str
 ) -> None:
@@ -206,6 +208,7 @@ def test_past_the_cap_a_tokens_wait_is_answered_at_once_while_another_tokens_wai
     assert after.headers["Preference-Applied"] == "wait=1" and seconds >= 0.45
 
 
+@pytest.mark.django_db(transaction=True)  # waits served on other threads, with their own connections
 def test_a_wait_answers_half_a_second_before_the_client_would_give_up(token_key: str) -> None:
     approval = ask(token_key)
 
@@ -220,6 +223,7 @@ def test_a_wait_answers_half_a_second_before_the_client_would_give_up(token_key:
     assert 0.45 <= seconds < 0.9
 
 
+@pytest.mark.django_db(transaction=True)  # waits served on other threads, with their own connections
 def test_a_wait_gives_its_place_back_when_its_client_disconnects_or_it_fails(
     settings: Any, token_key: str
 ) -> None:
@@ -301,6 +305,7 @@ async def task_result(session: ClientSession, task_id: str) -> types.CallToolRes
     return await session.send_request(request, types.CallToolResult)
 
 
+@pytest.mark.django_db(transaction=True)  # waits served on other threads, with their own connections
 def test_tasks_result_is_held_at_most_the_hold_time_then_says_the_task_is_still_working(
     settings: Any, token_key: str
 ) -> None:
@@ -324,6 +329,7 @@ def test_tasks_result_is_held_at_most_the_hold_time_then_says_the_task_is_still_
     assert held(token_id) == 0
 
 
+@pytest.mark.django_db(transaction=True)  # waits served on other threads, with their own connections
 def test_past_the_cap_tasks_result_answers_at_once(settings: Any, token_key: str) -> None:
     token_id = id_of(token_key)
     settings.GRUNDLAG_MAX_WAITS_PER_TOKEN = 1

@@ -18,7 +18,7 @@ from actions.core import ActionContext, ActionInterrupt, ApprovalPolicy, action
 from actions.models import ApiToken, Interrupt, Policy, Run, Team
 
 # Runs with steps in workers and inline, on SQLite and on PostgreSQL (tests/conftest.py).
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps", "database")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("steps", "database")]
 
 
 class Item(BaseModel):
@@ -114,6 +114,7 @@ def race_deadline_against(team: Team, reviewer: User) -> None:
     assert run.events.filter(kind="approved").count() == 1 and run.events.filter(kind="resumed").count() == 1
 
 
+@pytest.mark.django_db(transaction=True)  # threads with their own connections
 def test_a_deadline_racing_a_reviewer_gives_exactly_one_decision(team: Team, reviewer: User) -> None:
     for _ in range(5):
         race_deadline_against(team, reviewer)
@@ -208,6 +209,7 @@ def test_a_team_policy_in_the_admin_overrides_the_actions(team: Team, second_rev
     assert interrupt.status == "expired"
 
 
+@pytest.mark.django_db(transaction=True)  # threads with their own connections
 def test_the_embedded_periodic_loop_survives_a_dropped_database_connection(team: Team) -> None:
     """`make run`'s own loop fires deadlines; a connection that died (a restarted PostgreSQL)
     is replaced on the next round instead of failing every round until a restart."""

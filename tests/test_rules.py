@@ -30,7 +30,7 @@ from actions.engine import delegation, grants, rules
 from actions.models import Delegation, Grant, Interrupt, Run, RunEvent, Team, TeamRule
 from tests.conftest import member
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps", "database")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("steps", "database")]
 
 
 class Refund(BaseModel):
@@ -226,6 +226,7 @@ def test_a_condition_that_is_not_cel_is_refused_naming_the_position() -> None:
     assert RouteTo("payroll").describe() == "route to payroll"
 
 
+@pytest.mark.django_db(transaction=True)  # threads with their own connections
 def test_a_reviewer_deciding_as_the_rule_does_gets_already_decided_exactly_once(
     team: Team, reviewer: User
 ) -> None:
@@ -294,6 +295,7 @@ def test_a_grant_by_condition_expires_and_is_revoked_at_once(
         grants.give_grant(first, reviewer, lasting="hour", condition="data.amount <")
 
 
+@pytest.mark.django_db(transaction=True)  # threads with their own connections
 def test_a_routed_teams_grant_is_judged_before_the_transaction_over_its_own_name(
     team: Team, other_team: Team, requester: User, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,7 +16,7 @@ from actions.models import Run, Team
 
 # Runs with steps in workers and inline (tests/conftest.py).
 # Slow: each script runs in a child process (make test runs them, make check does not).
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps"), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("steps"), pytest.mark.slow]
 
 
 def script(team: Team, source: str, **payload: Any) -> Run:

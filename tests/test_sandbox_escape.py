@@ -24,7 +24,7 @@ from actions.drivers import sandbox
 from actions.models import Interrupt, Run, Team
 
 # Slow: each script runs in a child process (make test runs them, make check does not).
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 
 def run_script_over_api(client: Client, key: str, source: str, **payload: Any) -> dict[str, Any]:

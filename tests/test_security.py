@@ -19,7 +19,7 @@ from actions.core import ActionContext, ActionInterrupt, action
 from actions.models import ApiToken, Interrupt, Run, RunEvent, Team
 from actions.web.consumers import InboxConsumer
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 MARKER = f"CKPT-{uuid.uuid4().hex}"
 
@@ -44,6 +44,7 @@ def logged_in(user: User) -> Client:
     return client
 
 
+@pytest.mark.django_db(transaction=True)  # served on another thread, with its own connection
 def test_the_checkpoint_never_leaves_the_server(
     team: Team, reviewer: User, auditor: User, token_key: str
 ) -> None:

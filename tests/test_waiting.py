@@ -21,6 +21,7 @@ from actions.models import Run, Team
 
 T = TypeVar("T")
 
+# Transactional: waiters hear committed changes from other threads and connections (LISTEN/NOTIFY).
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("database"),

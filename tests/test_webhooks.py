@@ -20,7 +20,7 @@ from actions import engine, notify
 from actions.models import DeliveryAttempt, Interrupt, Notification, Run, RunEvent, Team, Webhook
 from tests.webhook_receiver import Receiver
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("steps")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("steps")]
 
 
 def post(client: Client, key: str, path: str, body: Any) -> Any:
@@ -217,6 +217,7 @@ def test_a_rejected_run_is_told_as_finished_and_a_cancel_tells_each_approval_it_
     ]
 
 
+@pytest.mark.django_db(transaction=True)  # a delivery on another thread, with its own connection
 def test_an_endpoint_deleted_while_a_delivery_to_it_is_under_way_takes_the_delivery_with_it(
     client: Client, token_key: str, team: Team, reviewer: User, receiver: Receiver, caplog: Any
 ) -> None:
