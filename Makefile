@@ -92,6 +92,13 @@ scaled: venv
 screenshots: venv
 	GRUNDLAG_SCREENSHOTS=docs $(BIN)/pytest tests/integration/browser -k live_and_one_decision -q
 
+# The engine's figures beside bench/baseline.json, failing on one more than 20 % worse (a few
+# minutes). Run it before resolving a change to the engine, the models or the notifications;
+# `$(BIN)/python -m bench.check --update` writes a new baseline.
+bench-check: venv
+	$(BIN)/pip install --quiet -r bench/requirements.txt
+	$(BIN)/python -m bench.check
+
 # The benchmarks (bench/RESULTS.md has the last results). Each is bounded to a few minutes.
 bench: venv
 	$(BIN)/pip install --quiet -r bench/requirements.txt
