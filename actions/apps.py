@@ -16,7 +16,7 @@ class ActionsConfig(AppConfig):
         from django.core import checks
         from django.db.models import signals
 
-        from actions import metrics, notify
+        from actions import metrics, notify, tracing
         from actions.drivers.agent import AgentDriver
         from actions.drivers.approval import ApprovalDriver
         from actions.drivers.sandbox import SandboxDriver
@@ -51,6 +51,10 @@ class ActionsConfig(AppConfig):
         checks.register(axes_middleware_last, checks.Tags.security)
         # Production's figures (actions.metrics): the engine's signals, the database's counts.
         metrics.register()
+        # Traces, in every process, when OTEL_EXPORTER_OTLP_ENDPOINT says where to (before the
+        # first request: Django's instrumentation adds its middleware).
+        if settings.GRUNDLAG_TRACES:
+            tracing.setup()
         # The Celery tasks, which actions.background sends by name, are registered as they load.
         from actions import tasks  # noqa: F401
 

@@ -18,6 +18,8 @@ from celery import current_app
 from django.conf import settings
 from django.db import close_old_connections
 
+from actions import tracing
+
 logger = logging.getLogger(__name__)
 
 RUN_STEP = "actions.tasks.run_step"
@@ -78,7 +80,8 @@ def submit(task: str, *args: Any, headers: dict[str, str] | None = None) -> None
     if pool is None:
         send(task, *args, headers=headers)
         return
-    pool.submit(_in_a_thread, task, args, headers)
+    # In the trace of whatever handed it on (the request that started a run, the decision).
+    pool.submit(tracing.carry(_in_a_thread), task, args, headers)
 
 
 def _in_a_thread(task: str, args: tuple[Any, ...], headers: dict[str, str] | None) -> None:

@@ -8,7 +8,10 @@ measures the engine and its persistence. For comparison it also measures steps h
 in eager mode: the task body runs in this process too, but the worker's claim is a transaction
 of its own, and Celery's task machinery runs around each step.
 
-    python -m bench.engine_throughput [--seconds 20] [--rounds 5]
+    python -m bench.engine_throughput [--seconds 20] [--rounds 5] [--traces]
+
+``--traces`` measures Grundlag with traces on (OpenTelemetry, exported by OTLP/HTTP to a
+receiver this process runs, as a collector would take them).
 """
 
 from __future__ import annotations
@@ -90,11 +93,17 @@ def langgraph_cycles(path: Path, seconds: float) -> dict[str, Any]:
     return {"cycles": cycles, "seconds": time.perf_counter() - started}
 
 
+# With --traces: the OTLP endpoint the children export their spans to (a receiver this
+# process runs, as a collector would take them).
+TRACES: dict[str, str] = {}
+
+
 def measure_in_child(database_url: str, seconds: float, *, inline: bool = True) -> dict[str, Any]:
     env = migrated_env(
         database_url,
         GRUNDLAG_ACTION_MODULES="actions.examples,bench.actions",
         GRUNDLAG_INLINE_STEPS="true" if inline else "false",
+        **TRACES,
     )
     out = subprocess.run(
         [sys.executable, "-m", "bench.engine_throughput", "--child", "--seconds", str(seconds)],
@@ -152,10 +161,20 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="per system, over all rounds")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--traces", action="store_true", help="grundlag with traces on, to a local OTLP receiver"
+    )
     args = parser.parse_args()
     if args.child:
         print(json.dumps(grundlag_cycles(args.seconds)))
         return
+    if args.traces:
+        sys.path.insert(0, str(ROOT))
+        from tests.integration.otlp_receiver import OtlpReceiver
+
+        receiver = OtlpReceiver()
+        TRACES["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
+        print(f"Traces on: exported to {receiver.endpoint}")
 
     medians, rates = measure(args.seconds, args.rounds)
     per_round = args.seconds / args.rounds
@@ -166,6 +185,9 @@ def main() -> None:
     for name, values in rates.items():
         rounds = ", ".join(f"{value:.1f}" for value in values)
         print(f"  {name:<24} {medians[name]:8.1f} cycles/s   (rounds: {rounds})")
+    if args.traces:
+        print(f"  spans received: {len(receiver.spans)}")
+        receiver.stop()
     ratio = medians["grundlag sqlite"] / medians["langgraph sqlite"]
     print(f"  grundlag sqlite / langgraph sqlite: {ratio:.2f}x (goal: at least 3x)")
     print("  (goal for grundlag postgresql: at least 250 cycles/s)")

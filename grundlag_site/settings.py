@@ -60,6 +60,13 @@ def envfloat(name: str, default: str, *, minimum: float = 0.0) -> float:
     return number
 
 
+def envchoice(name: str, default: str, choices: set[str]) -> str:
+    value = os.getenv(name, default).strip().lower()
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(sorted(choices))}, got {value!r}")
+    return value
+
+
 def envlist(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.getenv(name, default).split(",") if item.strip()]
 
@@ -648,10 +655,26 @@ STATIC_ROOT = Path(os.getenv("STATIC_ROOT", str(BASE_DIR / "staticfiles")))
 # copied: a stale copy can never shadow a newer file. Set false to serve STATIC_ROOT only.
 WHITENOISE_USE_FINDERS = envbool("WHITENOISE_USE_FINDERS", "true")
 
+# Traces of each approval (OpenTelemetry, docs/how-to/traces.md), exported by OTLP/HTTP to this
+# collector's URL (http://collector:4318); empty: no traces. The exporter also reads the other
+# standard OTEL_* variables (OTEL_EXPORTER_OTLP_HEADERS, OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER).
+OTEL_EXPORTER_OTLP_ENDPOINT = os.getenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+GRUNDLAG_TRACES = bool(OTEL_EXPORTER_OTLP_ENDPOINT or os.getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+
+# The log's format on stderr: "text" (a line of text an event) or "json" (one JSON object a
+# line: time, level, logger, message, and the trace and span ids when traces are on).
+GRUNDLAG_LOG_FORMAT = envchoice("GRUNDLAG_LOG_FORMAT", "text", {"text", "json"})
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {"json": {"()": "actions.tracing.JsonFormatter"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            **({"formatter": "json"} if GRUNDLAG_LOG_FORMAT == "json" else {}),
+        }
+    },
     "loggers": {
         # The level of the application's log (the `actions` logger, to stderr): DEBUG, INFO,
         # WARNING, ERROR or CRITICAL. Django's and the libraries' loggers keep their defaults.

@@ -15,6 +15,7 @@ from typing import Any
 from django.utils import timezone
 from pydantic import ValidationError
 
+from actions import tracing
 from actions.core import ApprovalPolicy, field_errors, registry
 from actions.engine import audit, grants, rules, store
 from actions.engine.driving import arguments_hash, driver_for
@@ -97,6 +98,68 @@ def decide(
     ``via`` where a person decided from, when not the dashboard or the API (email, slack), kept
     in the event log. ``also`` runs in the same transaction once the decision is allowed: what
     it raises undoes the decision (a mail's link is used up with it, or not at all)."""
+    with tracing.span("grundlag.decision", parent=_traceparent(interrupt)) as span:
+        decided = _decide(
+            interrupt,
+            status,
+            by,
+            answer=answer,
+            reason=reason,
+            then=then,
+            policy=policy,
+            via=via,
+            also=also,
+            edit=edit,
+        )
+        if span.is_recording():
+            span.set_attributes(_decision_attributes(decided))
+        return decided
+
+
+def _traceparent(interrupt: Interrupt) -> str:
+    """Where the interrupt's pause is in a trace, with traces on (read when not loaded)."""
+    if not tracing.enabled():
+        return ""
+    if "traceparent" in interrupt.__dict__:
+        return interrupt.traceparent or ""
+    return Interrupt.objects.filter(pk=interrupt.pk).values_list("traceparent", flat=True).first() or ""
+
+
+def _decision_attributes(decided: Decided) -> dict[str, Any]:
+    it = decided.interrupt
+    attributes: dict[str, Any] = {
+        "grundlag.interrupt.id": it.pk,
+        "grundlag.run.id": it.run_id,
+        "grundlag.action": it.action,
+        "grundlag.team.id": it.team_id,
+        "grundlag.interrupt.status": it.status,
+        "grundlag.decided_by": it.decided_by_name,
+        "grundlag.decided_via": it.decided_via,
+        "gen_ai.tool.name": it.action if it.tool_call_id else None,
+        "gen_ai.tool.call.id": it.tool_call_id or None,
+    }
+    created_at, decided_at = it.__dict__.get("created_at"), it.__dict__.get("decided_at")
+    if created_at is not None and decided_at is not None:
+        # How long it waited for a person (or a deadline, a rule, a grant).
+        attributes["grundlag.waited_seconds"] = (decided_at - created_at).total_seconds()
+    if decided.approvals:
+        attributes["grundlag.approvals.counted"] = decided.approvals
+    return {key: value for key, value in attributes.items() if value is not None}
+
+
+def _decide(
+    interrupt: Interrupt,
+    status: str,
+    by: Actor,
+    *,
+    answer: Any,
+    reason: str,
+    then: Then,
+    policy: str,
+    via: str,
+    also: Callable[[], None] | None,
+    edit: tuple[Any, Any] | None,
+) -> Decided:
     now = timezone.now()
     restarted: tuple[str, ...]
     with atomic():

@@ -20,6 +20,7 @@ from django.db import close_old_connections, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
+from actions import tracing
 from actions.core import ApprovalPolicy, field_errors, registry
 from actions.engine import decisions, rules, store
 from actions.engine.driving import (
@@ -227,14 +228,19 @@ def _execute_claimed(run: Run, answers: Answers | None = None, queued_seconds: f
     record how it ended."""
     _hold(run)
     began = time.perf_counter()
+    attributes = {"grundlag.run.id": run.pk, "grundlag.action": run.action, "grundlag.attempt": run.attempt}
     try:
-        try:
-            result = driver_for(run.consumer).step(run, answers_of(run.pk) if answers is None else answers)
-        except Exception as exc:
-            logger.exception("step of run %s crashed in the engine", run.pk)
-            result = StepResult(Status.FAILED, error=f"{type(exc).__name__}: {exc}", internal=True)
-        seconds = time.perf_counter() - began
-        record(run, result)
+        with tracing.span("grundlag.step", attributes) as span:
+            try:
+                result = driver_for(run.consumer).step(
+                    run, answers_of(run.pk) if answers is None else answers
+                )
+            except Exception as exc:
+                logger.exception("step of run %s crashed in the engine", run.pk)
+                result = StepResult(Status.FAILED, error=f"{type(exc).__name__}: {exc}", internal=True)
+            seconds = time.perf_counter() - began
+            span.set_attribute("grundlag.run.status", result.status)
+            record(run, result)
     finally:
         _let_go(run)
         hand_on_turn(run.team_id)
@@ -373,7 +379,11 @@ def _record(
                     arguments=pause.arguments,
                     **{"team_id": run.team_id, **routed.fields},
                 )
-                insert(interrupt, store.next_seq(run.pk))
+                with tracing.span("grundlag.pause", _pause_attributes(run, interrupt)) as span:
+                    # Its decision and notifications continue this trace, however much later.
+                    interrupt.traceparent = tracing.traceparent() or None
+                    insert(interrupt, store.next_seq(run.pk))
+                    span.set_attribute("grundlag.interrupt.id", interrupt.pk)
                 log(
                     run,
                     RunEvent.Kind.INTERRUPTED,
@@ -394,6 +404,17 @@ def _record(
         # see "interrupted", then what the decision made of the run.
         for interrupt, routed, policy in created:
             decisions.settle(run, interrupt, routed, policy)
+
+
+def _pause_attributes(run: Run, interrupt: Interrupt) -> dict[str, Any]:
+    return {
+        "grundlag.run.id": run.pk,
+        "grundlag.action": interrupt.action,
+        "grundlag.team.id": interrupt.team_id,
+        # The GenAI conventions' names, for an agent's tool call.
+        "gen_ai.tool.name": interrupt.action if interrupt.tool_call_id else None,
+        "gen_ai.tool.call.id": interrupt.tool_call_id or None,
+    }
 
 
 # The queue hands steps over to this module's runner (the engine's package loads it).

@@ -180,6 +180,10 @@ class Interrupt(models.Model):
     assignees = JSONField(default=list, blank=True)
     # Off: whoever started the run may not approve it (separation of duties).
     requester_may_approve = models.BooleanField(default=True)
+    # Where its pause is in a trace (a W3C traceparent; NULL with traces off): its decision and
+    # its notifications continue that trace (actions.tracing). Nullable, so that adding it is
+    # an ALTER TABLE on SQLite too: rebuilding the table would drop its search triggers.
+    traceparent = models.CharField(max_length=55, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         # By the run's id, not the run: ordering by a foreign key orders by the related model's

@@ -23,7 +23,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from actions import background
+from actions import background, tracing
 from actions.engine.audit import moment
 from actions.models import AuditHead, DeliveryAttempt, Interrupt, Notification, Webhook
 from actions.notify import email, process, slack, webhook
@@ -79,6 +79,34 @@ def deliver(notification_id: int) -> bool | None:
     notification = _claim(notification_id)
     if notification is None:
         return None
+    # In the trace of the interrupt's pause, whichever process sends it.
+    with tracing.span(
+        "grundlag.notify", _attributes(notification), parent=_traceparent(notification)
+    ) as span:
+        delivered = _send(notification)
+        span.set_attribute("grundlag.notification.outcome", "delivered" if delivered else "not delivered")
+        return delivered
+
+
+def _attributes(notification: Notification) -> dict[str, Any]:
+    event = notification.event
+    return {
+        "grundlag.notification.id": notification.pk,
+        "grundlag.notification.channel": notification.channel,
+        "grundlag.notification.type": notification.type,
+        "grundlag.notification.attempt": notification.attempts,
+        "grundlag.run.id": event.run_id if event is not None else None,
+        "grundlag.interrupt.id": event.interrupt_id if event is not None else None,
+    }
+
+
+def _traceparent(notification: Notification) -> str:
+    event = notification.event
+    interrupt = event.interrupt if event is not None else None
+    return (interrupt.traceparent or "") if interrupt is not None else ""
+
+
+def _send(notification: Notification) -> bool:
     hook = notification.webhook
     began = time.perf_counter()
     status_code: int | None = None
