@@ -659,7 +659,10 @@ WHITENOISE_USE_FINDERS = envbool("WHITENOISE_USE_FINDERS", "true")
 # collector's URL (http://collector:4318); empty: no traces. The exporter also reads the other
 # standard OTEL_* variables (OTEL_EXPORTER_OTLP_HEADERS, OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER).
 OTEL_EXPORTER_OTLP_ENDPOINT = os.getenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
-GRUNDLAG_TRACES = bool(OTEL_EXPORTER_OTLP_ENDPOINT or os.getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+# The collector's URL for traces alone (http://collector:4318/v1/traces), when it differs from
+# OTEL_EXPORTER_OTLP_ENDPOINT's; either turns traces on.
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = os.getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+GRUNDLAG_TRACES = bool(OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
 
 # The log's format on stderr: "text" (a line of text an event) or "json" (one JSON object a
 # line: time, level, logger, message, and the trace and span ids when traces are on).
