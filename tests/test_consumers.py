@@ -40,7 +40,7 @@ def start_invoice(team: Team) -> Interrupt:
 async def frames_until(communicator: WebsocketCommunicator, event: str) -> list[dict[str, Any]]:
     frames = []
     while True:
-        frame = await communicator.receive_json_from(timeout=5)
+        frame = await communicator.receive_json_from(timeout=20)
         frames.append(frame)
         if frame["event"] == event:
             return frames
@@ -171,7 +171,7 @@ async def test_a_logged_out_users_socket_is_closed(team: Team, reviewer: User, s
     client, cookie = await session_cookie(reviewer)
     communicator = await connect_with_session(cookie)
     await database_sync_to_async(client.logout)()
-    assert await communicator.receive_output(timeout=5) == {"type": "websocket.close", "code": 4401}
+    assert await communicator.receive_output(timeout=20) == {"type": "websocket.close", "code": 4401}
 
 
 async def test_a_deactivated_users_socket_is_closed(team: Team, reviewer: User, settings: Any) -> None:
@@ -179,7 +179,7 @@ async def test_a_deactivated_users_socket_is_closed(team: Team, reviewer: User, 
     _, cookie = await session_cookie(reviewer)
     communicator = await connect_with_session(cookie)
     await User.objects.filter(pk=reviewer.pk).aupdate(is_active=False)
-    assert await communicator.receive_output(timeout=5) == {"type": "websocket.close", "code": 4401}
+    assert await communicator.receive_output(timeout=20) == {"type": "websocket.close", "code": 4401}
 
 
 async def test_removal_from_a_team_stops_its_pushes_without_a_reconnect(
@@ -189,7 +189,7 @@ async def test_removal_from_a_team_stops_its_pushes_without_a_reconnect(
     _, cookie = await session_cookie(reviewer)
     communicator = await connect_with_session(cookie)
     await database_sync_to_async(team.members.remove)(reviewer)
-    assert await communicator.receive_json_from(timeout=5) == {"event": "hello", "teams": 0}
+    assert await communicator.receive_json_from(timeout=20) == {"event": "hello", "teams": 0}
     await start_invoice(team)
     assert await communicator.receive_nothing(timeout=0.5)
     await communicator.disconnect()
@@ -232,7 +232,7 @@ async def test_a_run_page_socket_stops_hearing_the_run_when_its_user_leaves_the_
     await communicator.send_to(text_data=json.dumps({"watch_run": first.run_id}))
     assert await communicator.receive_json_from() == {"event": "watching", "run_id": first.run_id}
     await database_sync_to_async(team.members.remove)(reviewer)
-    frames = [await communicator.receive_json_from(timeout=5) for _ in range(2)]
+    frames = [await communicator.receive_json_from(timeout=20) for _ in range(2)]
     assert {"event": "watching", "run_id": None} in frames
     await database_sync_to_async(engine.cancel)(Run(pk=first.run_id), None)
     assert await communicator.receive_nothing(timeout=0.5), "nothing of the run reaches it any more"

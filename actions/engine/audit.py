@@ -80,10 +80,16 @@ def content(
     """What an event's hashes cover, as bytes: every column but its id, its actor's id (set to
     NULL when the user is deleted; the name stays) and the hashes, as a JSON array (keys
     sorted, no spaces, ASCII)."""
+    return f"[{int(seq)}{rest(run_id, interrupt_id, kind, actor_name, detail, at)}".encode()
+
+
+def rest(run_id: int, interrupt_id: int | None, kind: str, actor_name: str, detail: Any, at: datetime) -> str:
+    """An event's content after its place in the chain (ASCII): what PostgreSQL's
+    grundlag_append_journal (migration 0021) is given to hash, once it has numbered it."""
     return (
-        f"[{int(seq)},{int(run_id)},{_JSON(interrupt_id)},{_JSON(kind)},"
+        f",{int(run_id)},{_JSON(interrupt_id)},{_JSON(kind)},"
         f'{_JSON(actor_name)},{_JSON(_canonical(detail))},"{moment(at)}"]'
-    ).encode()
+    )
 
 
 _JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode
@@ -115,14 +121,34 @@ def link(previous: str, body: bytes) -> str:
     return hashlib.sha256(previous.encode() + body).hexdigest()
 
 
-def append(events: Sequence[Sequence[Any]]) -> None:
+def append(events: Sequence[Sequence[Any]], streams: dict[int, int] | None = None) -> dict[int, int]:
     """Append events to run logs (run_id, interrupt_id, kind, actor_id, actor_name, detail,
     at), each written with its place in the chain and its hashes, in the caller's transaction
-    or one of its own."""
-    if not events:
-        return
+    or one of its own; and move the teams' inbox streams on by ``streams`` (team: count of
+    changes), last, in the same transaction: each team's new last number. On PostgreSQL all of
+    it is one statement (store.append_journal)."""
+    if not events and not streams:
+        return {}
     with nullcontext() if transaction.get_connection().in_atomic_block else transaction.atomic():
-        store.insert_events(chained(events))
+        if store.journal_in_one_call():
+            rows = []
+            for run_id, interrupt_id, kind, actor_id, actor_name, detail, at in events:
+                rows.append(
+                    [
+                        run_id,
+                        interrupt_id,
+                        kind,
+                        actor_id,
+                        actor_name,
+                        detail.value,
+                        at,
+                        rest(run_id, interrupt_id, kind, actor_name, detail.value, at),
+                    ]
+                )
+            return store.append_journal(rows, streams or {})
+        if events:
+            store.insert_events(chained(events))
+        return store.advance_streams(streams) if streams else {}
 
 
 def chained(events: Sequence[Sequence[Any]]) -> list[list[Any]]:

@@ -23,7 +23,7 @@ from django.dispatch import Signal
 from django.utils import timezone
 
 from actions.core import Failed
-from actions.engine import audit, idempotency, store
+from actions.engine import audit, idempotency
 from actions.engine.sql import Json, one_cursor
 from actions.models import Actor, Interrupt, Run, RunEvent, actor_name, actor_user
 
@@ -94,21 +94,27 @@ def atomic() -> Iterator[None]:
                 _journal.reset(token)
             # The API request this change is made for keeps its Idempotency-Key with it.
             keyed = idempotency.record(journal.events[0][0] if journal.events else None)
-            audit.append(journal.events)
-            if journal.changes:
-                _number(journal.changes)
+            counts = _counts(journal.changes)
+            last = audit.append(journal.events, counts)
+            _number(journal.changes, last)
     except BaseException:
         if keyed:
             idempotency.forget()
         raise
 
 
-def _number(changes: list[InboxChange]) -> None:
+def _counts(changes: list[InboxChange]) -> dict[int, int]:
+    """How many of the changes each team's inbox stream numbers."""
     counts: dict[int, int] = {}
     for change in changes:
         for team_id in change.team_ids:
             counts[team_id] = counts.get(team_id, 0) + 1
-    last = store.advance_streams(counts)
+    return counts
+
+
+def _number(changes: list[InboxChange], last: dict[int, int]) -> None:
+    """Number the changes in their teams' streams, given each team's new last number."""
+    last = dict(last)
     for change in reversed(changes):
         for team_id in change.team_ids:
             change.seq[team_id] = last[team_id]

@@ -433,6 +433,34 @@ def decided_interrupts(run_id: int) -> list[Interrupt]:
     )
 
 
+def journal_in_one_call() -> bool:
+    """Whether the database writes a transaction's journal (its events, chained, and its inbox
+    streams) in one call of its own (PostgreSQL, migration 0021: a round trip instead of three)."""
+    return default_db().vendor == "postgresql"
+
+
+def append_journal(events: Sequence[Sequence[Any]], counts: dict[int, int]) -> dict[int, int]:
+    """PostgreSQL: chain and insert the events, each (run_id, interrupt_id, kind, actor_id,
+    actor_name, detail, at, content after its place: actions.engine.audit.rest), and move each
+    team's inbox stream on by its count; each team's new last number. One statement: the
+    server's ``grundlag_append_journal`` takes the chain's head (locked until the commit) and
+    computes the hashes audit.chained would."""
+    teams = sorted(counts)
+    with open_cursor(default_db()) as cursor:
+        cursor.execute(
+            "SELECT o_team, o_seq FROM grundlag_append_journal(%s::jsonb, %s::bigint[], %s::bigint[])",
+            adapted(
+                default_db(),
+                [
+                    Json([[*event[:6], event[6].isoformat(), event[7]] for event in events]),
+                    teams,
+                    [counts[team] for team in teams],
+                ],
+            ),
+        )
+        return {int(team): int(seq) for team, seq in cursor.fetchall()}
+
+
 def advance_streams(counts: dict[int, int]) -> dict[int, int]:
     """Move each team's inbox stream on by its count of changes; each team's new last number.
     In the transaction of the changes, as its last statement: the row stays locked only until
