@@ -78,7 +78,6 @@ def validate_answer(interrupt: Interrupt, data: Any) -> Any:
         raise InvalidAnswer("the answer does not fit the action's answer schema", field_errors(exc)) from None
 
 
-@retry_on_conflict
 def decide(
     interrupt: Interrupt,
     status: str,
@@ -98,7 +97,13 @@ def decide(
     ``via`` where a person decided from, when not the dashboard or the API (email, slack), kept
     in the event log. ``also`` runs in the same transaction once the decision is allowed: what
     it raises undoes the decision (a mail's link is used up with it, or not at all)."""
-    with tracing.span("grundlag.decision", parent=_traceparent(interrupt)) as span:
+    # One span however many times a conflict makes it try again; a refusal is not an error.
+    with tracing.span(
+        "grundlag.decision",
+        lambda: {"grundlag.interrupt.id": interrupt.pk, "grundlag.run.id": interrupt.run_id},
+        parent=_traceparent(interrupt),
+        expected=(AlreadyDecided, NotAllowed, InvalidAnswer),
+    ) as span:
         decided = _decide(
             interrupt,
             status,
@@ -147,6 +152,7 @@ def _decision_attributes(decided: Decided) -> dict[str, Any]:
     return {key: value for key, value in attributes.items() if value is not None}
 
 
+@retry_on_conflict
 def _decide(
     interrupt: Interrupt,
     status: str,

@@ -10,6 +10,7 @@ queued it commits.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -228,9 +229,8 @@ def _execute_claimed(run: Run, answers: Answers | None = None, queued_seconds: f
     record how it ended."""
     _hold(run)
     began = time.perf_counter()
-    attributes = {"grundlag.run.id": run.pk, "grundlag.action": run.action, "grundlag.attempt": run.attempt}
     try:
-        with tracing.span("grundlag.step", attributes) as span:
+        with tracing.span("grundlag.step", lambda: _step_attributes(run)) as span:
             try:
                 result = driver_for(run.consumer).step(
                     run, answers_of(run.pk) if answers is None else answers
@@ -243,7 +243,9 @@ def _execute_claimed(run: Run, answers: Answers | None = None, queued_seconds: f
             record(run, result)
     finally:
         _let_go(run)
-        hand_on_turn(run.team_id)
+        # The runs whose turn this gives are others' work: not in this step's trace.
+        with tracing.detached():
+            hand_on_turn(run.team_id)
     step_ran.send(
         Run, action=run.action, status=result.status, seconds=seconds, queued_seconds=queued_seconds
     )
@@ -379,7 +381,9 @@ def _record(
                     arguments=pause.arguments,
                     **{"team_id": run.team_id, **routed.fields},
                 )
-                with tracing.span("grundlag.pause", _pause_attributes(run, interrupt)) as span:
+                with tracing.span(
+                    "grundlag.pause", functools.partial(_pause_attributes, run, interrupt)
+                ) as span:
                     # Its decision and notifications continue this trace, however much later.
                     interrupt.traceparent = tracing.traceparent() or None
                     insert(interrupt, store.next_seq(run.pk))
@@ -404,6 +408,10 @@ def _record(
         # see "interrupted", then what the decision made of the run.
         for interrupt, routed, policy in created:
             decisions.settle(run, interrupt, routed, policy)
+
+
+def _step_attributes(run: Run) -> dict[str, Any]:
+    return {"grundlag.run.id": run.pk, "grundlag.action": run.action, "grundlag.attempt": run.attempt}
 
 
 def _pause_attributes(run: Run, interrupt: Interrupt) -> dict[str, Any]:

@@ -81,7 +81,7 @@ def deliver(notification_id: int) -> bool | None:
         return None
     # In the trace of the interrupt's pause, whichever process sends it.
     with tracing.span(
-        "grundlag.notify", _attributes(notification), parent=_traceparent(notification)
+        "grundlag.notify", lambda: _attributes(notification), parent=_traceparent(notification)
     ) as span:
         delivered = _send(notification)
         span.set_attribute("grundlag.notification.outcome", "delivered" if delivered else "not delivered")
@@ -101,6 +101,8 @@ def _attributes(notification: Notification) -> dict[str, Any]:
 
 
 def _traceparent(notification: Notification) -> str:
+    if not tracing.enabled():
+        return ""
     event = notification.event
     interrupt = event.interrupt if event is not None else None
     return (interrupt.traceparent or "") if interrupt is not None else ""

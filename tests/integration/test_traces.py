@@ -18,6 +18,8 @@ from tests.webhook_receiver import Receiver
 pytestmark = pytest.mark.integration
 
 SERVER = 2  # Span.SpanKind.SPAN_KIND_SERVER
+CHOSEN = "00-" + "c" * 32 + "-" + "d" * 16 + "-00"  # a trace a client would choose, unsampled
+LINK_TOKEN = "WzEsMSwxXQ:1vSecretPart:abcdefTOKENSECRET"
 
 
 @pytest.fixture
@@ -50,7 +52,9 @@ def an_approval(web: Server, token: str, receiver: Receiver) -> dict[str, Any]:
         run = api.post(
             "/api/runs",
             json={"action": "send_invoice", "input": {"invoice_id": "T-1", "amount": 1}},
-            headers={"Prefer": "wait=20"},
+            # A client's own trace context is not taken (it would choose the trace's id and
+            # whether it is sampled, for the decision and the notifications too).
+            headers={"Prefer": "wait=20", "traceparent": CHOSEN},
         ).json()
         assert run["status"] == "interrupted", run
         wait_for(lambda: receiver.received or None, timeout=20, what="the webhook of the new interrupt")
@@ -58,6 +62,8 @@ def an_approval(web: Server, token: str, receiver: Receiver) -> dict[str, Any]:
             run["interrupt"]["resume_url"], json={"data": {"approved": True}}, headers={"Prefer": "wait=20"}
         ).json()
         assert done["status"] == "completed", done
+        # A mail's decision link (here one that is no link: its token is checked after the span began).
+        api.get(f"/d/{LINK_TOKEN}/")
         return dict(run)
 
 
@@ -81,6 +87,12 @@ def the_trace_of_an_approval(otlp: OtlpReceiver, run: dict[str, Any]) -> None:
         return (len(steps) == 2 and bool(linked) and bool(hooks)) or None
 
     wait_for(complete, timeout=30, what="the approval's spans at the collector")
+    wait_for(
+        lambda: [s for s in otlp.spans if serving(s, "/d/")] or None, timeout=30, what="the link's request"
+    )
+    assert "c" * 32 not in {s.trace_id for s in otlp.spans}, "the client's trace was taken"
+    assert not [s for s in otlp.spans if LINK_TOKEN in str(s.attributes)], "a link's token left in a span"
+    assert [s for s in otlp.spans if serving(s, "/d/{token}/")], "the link's request, its token redacted"
     (pause,) = otlp.named("grundlag.pause")
     (decision,) = otlp.named("grundlag.decision")
     # The demo team's reviewers are mailed, and the webhook called: each delivery a span.
@@ -148,7 +160,8 @@ def test_an_approval_is_one_trace_across_daphne_and_celery_workers(
     assert any(span.attributes.get("db.system") == "postgresql" for span in otlp.spans)
 
 
-def test_without_an_endpoint_nothing_is_exported(site: Site, otlp: OtlpReceiver, receiver: Receiver) -> None:
+def test_without_an_endpoint_the_interrupts_keep_no_trace(site: Site, receiver: Receiver) -> None:
     site.env["GRUNDLAG_WEBHOOK_ALLOW_PRIVATE"] = "true"
-    an_approval(site.serve(), site.token, receiver)
-    assert otlp.spans == []
+    run = an_approval(site.serve(), site.token, receiver)
+    kept = site.sql("SELECT traceparent FROM actions_interrupt WHERE id = %s", run["interrupt"]["id"])
+    assert kept == [(None,)]
