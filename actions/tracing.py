@@ -60,6 +60,8 @@ def setup(service_name: str = "grundlag") -> bool:
         os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
     ):
         return _on
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":  # the standard switch
+        return False
     # Imported here: a process without an endpoint never loads the SDK or the instrumentations.
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
     from opentelemetry.instrumentation.asgi import asgi_getter  # noqa: PLC0415
