@@ -4,8 +4,9 @@ a prune, the head published daily, and how each decision was made."""
 
 from __future__ import annotations
 
+import hashlib
 import json
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from django.test import Client
 from django.utils import timezone
 
 from actions import engine
-from actions.engine import audit
+from actions.engine import audit, journal
 from actions.models import AuditAnchor, AuditCheck, AuditHead, Interrupt, Notification, Run, RunEvent, Team
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("database")]
@@ -70,6 +71,58 @@ def test_every_event_is_chained_as_it_is_logged(team: Team, reviewer: User) -> N
     assert report.events == len(events) and report.seq == events[-1].seq and report.head == events[-1].hash
     assert verify_audit()[0] == 0
     assert AuditCheck.objects.latest().ok
+
+
+def test_an_events_hashes_are_what_they_always_were() -> None:
+    """The bytes an event's hashes cover, pinned: a change to their format would leave every
+    log written before it failing verification (each database writes with audit.rest, which
+    verify() recomputes with, so only a fixed value catches it)."""
+    at = datetime(2026, 12, 6, 21, 0, 0, 123456, tzinfo=UTC)
+    body = audit.content(7, 3, None, "approved", "Zoë ☃", {"b": 1.0, "a": [True, None]}, at)
+    assert (
+        body
+        == b'[7,3,null,"approved","Zo\\u00eb \\u2603",{"a":[true,null],"b":1},"2026-12-06T21:00:00.123456Z"]'
+    )
+    assert audit.link("0" * 64, body) == hashlib.sha256(b"0" * 64 + body).hexdigest()
+    assert audit.link("0" * 64, body) == "d037e1c23e44b44d961da68d0c03fcd9f2719ed46420209c3b21e72ec1065fe8"
+
+
+@pytest.mark.usefixtures("steps")
+def test_events_of_several_runs_and_a_non_ascii_actor_in_one_transaction_verify(team: Team) -> None:
+    """As the database chains them (on PostgreSQL a function of its own: migration 0021)."""
+    zoe = User.objects.create_user("zoë-☃")
+    team.members.add(zoe)
+    first, second = finished_run(team, zoe, "Z-1"), finished_run(team, zoe, "Z-2")
+    with journal.atomic():
+        journal.log(first, RunEvent.Kind.CHECKPOINT_VIEWED, zoe, viewer="Zoë ☃")
+        journal.log(second, RunEvent.Kind.CHECKPOINT_VIEWED, zoe, viewer="Zoë ☃")
+        journal.log(first, RunEvent.Kind.CHECKPOINT_VIEWED, zoe)
+    report = audit.verify()
+    assert report.ok, report.problems
+    assert RunEvent.objects.filter(actor_name="zoë-☃").count() >= 3
+
+
+@pytest.mark.usefixtures("steps")
+def test_before_migrate_adds_the_journal_function_the_statements_do_its_work(
+    team: Team,
+    reviewer: User,
+    database: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """New processes started before `migrate` (PostgreSQL without migration 0021's function)
+    write as the previous release did, and say so, rather than failing every change."""
+    from actions.engine import store
+
+    if database != "postgresql":
+        assert not store.journal_in_one_call()
+        return
+    monkeypatch.setattr(store, "_journal_function", {})
+    sql("DROP FUNCTION grundlag_append_journal(jsonb, bigint[], bigint[])")  # rolled back with the test
+    finished_run(team, reviewer, "M-1")
+    assert "no grundlag_append_journal" in caplog.text
+    report = audit.verify()
+    assert report.ok, report.problems
 
 
 @pytest.mark.usefixtures("steps")

@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from actions import engine
-from actions.engine import rules
+from actions.engine import rules, store
 from actions.engine import steps as engine_steps
 from actions.engine.driving import StepResult
 from actions.models import ApiToken, AuditChain, Interrupt, Run, RunEvent, Team
@@ -301,6 +301,7 @@ def test_inline_steps_run_in_the_callers_process_and_claim_as_they_queue(
     # A process reads a team's rules and grants once, and again only when they change: the
     # pause reads their version with the team's policy, in the statement it always made.
     rules.team_set(team.pk)
+    store.journal_in_one_call()  # asked once per process (on PostgreSQL: is its function there?)
     with CaptureQueriesContext(connection) as queries:
         run = engine.start_run("send_invoice", {"invoice_id": "INV-7", "amount": 3.0}, team, reviewer)
         (interrupt,) = engine.pending_interrupts(run.pk)

@@ -1,8 +1,9 @@
 """The transaction journal: what an engine change writes besides the rows it changes.
 
 An engine change runs in ``atomic()``. Its audit events are collected as it goes and written
-in one INSERT as it ends, in the same transaction. What changed is announced after it commits
-(a rolled-back change tells no one anything), as the signals ``team_changed`` and
+as it ends, in the same transaction: one INSERT on SQLite, one call of the server's
+``grundlag_append_journal`` on PostgreSQL (with the inbox streams' numbers). What changed is
+announced after it commits (a rolled-back change tells no one anything), as the signals ``team_changed`` and
 ``run_changed``: actions.live pushes them to open pages and wakes the requests waiting on them;
 actions.notify tells whom they concern.
 """
@@ -67,7 +68,7 @@ _journal: ContextVar[_Journal | None] = ContextVar("grundlag_journal", default=N
 
 @contextmanager
 def atomic() -> Iterator[None]:
-    """``transaction.atomic()`` whose audit events are written in one INSERT, as it ends, whose
+    """``transaction.atomic()`` whose audit events are written as it ends (see above), whose
     inbox changes are numbered in their teams' streams, and whose engine statements share a
     cursor. Inside another, it is a savepoint that writes into the outer one's journal (a rule
     deciding the interrupt its step just recorded: the events stay in order), and takes back

@@ -16,6 +16,8 @@ database reads this file.
 from __future__ import annotations
 
 import enum
+import logging
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +30,8 @@ from django.db.models.expressions import RawSQL
 
 from actions.engine.sql import Json, adapted, default_db, execute, fetch, open_cursor, sql
 from actions.models import GENESIS, Approval, Interrupt, Policy, Run
+
+logger = logging.getLogger(__name__)
 
 
 def insert_events(rows: Sequence[Sequence[Any]]) -> None:
@@ -73,7 +77,7 @@ def interrupts_matching(text: str) -> RawSQL | None:
 def _chain_query(runs: int, vendor: str) -> str:
     newest = sql(
         "(SELECT e.{RunEvent.run_hash} FROM {RunEvent} e WHERE e.{RunEvent.run} = %s"
-        " ORDER BY e.{RunEvent.seq} DESC LIMIT 1)"
+        " AND e.{RunEvent.seq} IS NOT NULL ORDER BY e.{RunEvent.seq} DESC LIMIT 1)"
     )
     lock = " FOR UPDATE" if default_db().features.has_select_for_update else ""
     return (
@@ -433,10 +437,36 @@ def decided_interrupts(run_id: int) -> list[Interrupt]:
     )
 
 
+# Per database (host, port, name): whether it has the journal's function, and when that was
+# last asked. Found, it stays; missing (processes started before `migrate`), asked again after
+# a minute, the three statements doing the work meanwhile.
+_journal_function: dict[tuple[str, str, str], tuple[bool, float]] = {}
+JOURNAL_FUNCTION_RECHECK_SECONDS = 60.0
+
+
 def journal_in_one_call() -> bool:
     """Whether the database writes a transaction's journal (its events, chained, and its inbox
     streams) in one call of its own (PostgreSQL, migration 0021: a round trip instead of three)."""
-    return default_db().vendor == "postgresql"
+    connection = default_db()
+    if connection.vendor != "postgresql":
+        return False
+    where = connection.settings_dict
+    key = (str(where.get("HOST", "")), str(where.get("PORT", "")), str(where.get("NAME", "")))
+    known = _journal_function.get(key)
+    if known is not None and (known[0] or time.monotonic() - known[1] < JOURNAL_FUNCTION_RECHECK_SECONDS):
+        return known[0]
+    with open_cursor(connection) as cursor:
+        cursor.execute(
+            "SELECT to_regprocedure(%s) IS NOT NULL", ["grundlag_append_journal(jsonb,bigint[],bigint[])"]
+        )
+        found = bool(cursor.fetchone()[0])
+    if not found:
+        logger.warning(
+            "PostgreSQL has no grundlag_append_journal (migration 0021): run `manage.py migrate`;"
+            " until then each transaction's journal takes three statements"
+        )
+    _journal_function[key] = (found, time.monotonic())
+    return found
 
 
 def append_journal(events: Sequence[Sequence[Any]], counts: dict[int, int]) -> dict[int, int]:

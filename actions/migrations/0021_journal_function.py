@@ -40,7 +40,7 @@ CREATE = [
                 previous := run_heads->>(v_run::text);
                 IF previous IS NULL THEN
                     SELECT e.run_hash INTO previous FROM actions_runevent e
-                        WHERE e.run_id = v_run ORDER BY e.seq DESC LIMIT 1;
+                        WHERE e.run_id = v_run AND e.seq IS NOT NULL ORDER BY e.seq DESC LIMIT 1;
                     previous := COALESCE(previous, genesis);
                 END IF;
                 previous := encode(sha256(convert_to(previous, 'UTF8') || body), 'hex');
