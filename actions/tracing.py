@@ -136,10 +136,14 @@ def redact_request(span: Span, request: Any) -> None:
 def redact_call(span: Span, request: Any) -> None:
     """An outgoing call's URL (a webhook's, which may carry a secret in its path or query) is
     kept as its origin only."""
-    url = getattr(request, "url", None) or (request[1] if isinstance(request, tuple) else None)
+    url = getattr(request, "url", None)  # httpx's RequestInfo: an httpx.URL, or its raw tuple
     if url is None or not span.is_recording():
         return
-    origin = f"{url.scheme}://{url.host}" + (f":{url.port}" if url.port else "")
+    if isinstance(url, tuple):
+        scheme, host, port = (part.decode() if isinstance(part, bytes) else part for part in url[:3])
+    else:
+        scheme, host, port = url.scheme, url.host, url.port
+    origin = f"{scheme}://{host}" + (f":{port}" if port else "")
     for key in ("http.url", "url.full"):
         span.set_attribute(key, origin + "/…")
 

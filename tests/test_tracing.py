@@ -138,13 +138,18 @@ def test_a_client_chooses_no_trace_but_celery_messages_carry_theirs() -> None:
 def test_a_mail_links_token_and_a_webhooks_path_never_leave_in_a_span(spans: Any) -> None:
     import httpx
     from django.test import RequestFactory
+    from opentelemetry.instrumentation.httpx import RequestInfo
 
     link = "/d/WzIsMiwxXQ:secret/"
     with tracing.span("GET", {"http.target": link, "http.url": "http://h" + link}) as span:
         tracing.redact_request(span, RequestFactory().get(link))
         call = httpx.Request("POST", "https://hooks.example.com:8443/services/T0/B0/secret?token=x")
-        tracing.redact_call(span, (call.method, call.url, call.headers, None, {}))
-    (made,) = spans.get_finished_spans()
+        tracing.redact_call(span, RequestInfo(call.method.encode(), call.url, call.headers, None, {}))
+    with tracing.span("POST", {"http.url": "https://h.example.com/secret"}) as raw:
+        raw_url = (b"https", b"h.example.com", None, b"/secret")
+        tracing.redact_call(raw, RequestInfo(b"POST", raw_url, None, None, {}))
+    made, raw_made = spans.get_finished_spans()
+    assert raw_made.attributes["http.url"] == "https://h.example.com/…"
     assert made.attributes["http.target"] == "/d/{token}/"
     assert "secret" not in str(dict(made.attributes))
     assert made.attributes["http.url"] == "https://hooks.example.com:8443/…"
