@@ -119,6 +119,16 @@ class NotFromHttpClients(TextMapPropagator):
         return self._inner.fields
 
 
+def flush() -> None:
+    """Export the spans still buffered (a process about to leave without running its exit
+    handlers, where the SDK's own flush lives)."""
+    if _on:
+        provider = trace.get_tracer_provider()
+        force_flush = getattr(provider, "force_flush", None)
+        if force_flush is not None:
+            force_flush()
+
+
 def redact_request(span: Span, request: Any) -> None:
     """A mail's decision link (/d/<token>/) decides with its token: the token never leaves in a
     span (the request's target, URL and path)."""

@@ -108,7 +108,7 @@ def served_site(
         if redis is None:
             server = site.serve()
         else:
-            server = site.daphne()
+            server = site.web()
             # As deploy/Procfile runs them: workers for the steps, one for notifications.
             for n in range(workers):
                 site.worker(f"bench{n}", concurrency=4, queues="celery")

@@ -82,7 +82,7 @@ def main() -> None:
             ids = json.loads(
                 site.manage("shell", "-c", MAKE_PENDING.format(count=args.decisions)).split("\n")[-2]
             )
-            web = site.daphne()
+            web = site.web()
             site.worker("bench", concurrency=4)
 
             bare = asyncio.run(

@@ -213,7 +213,7 @@ def run_setup(name: str, sizes: list[int], pendings: list[int], rounds: int) -> 
                 server,
                 token,
             ):
-                servers = [server] + ([site.daphne()] if postgres is not None else [])
+                servers = [server] + ([site.web()] if postgres is not None else [])
                 pids = [proc.pid for proc in site.processes]
                 all_sessions = json.loads(
                     site.manage("shell", "-c", MAKE_SESSIONS.format(count=max(sizes))).split("\n")[-2]

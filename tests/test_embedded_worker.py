@@ -4,10 +4,13 @@ they are queued (no broker), and `Prefer: wait` is woken by the engine's signal.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -308,3 +311,22 @@ def test_a_step_stuck_beyond_the_longest_a_step_may_take_is_no_longer_renewed(
         assert steps.renew_leases() == 0  # its lease runs out; the sweeper re-queues it
     finally:
         steps._let_go(stuck)
+
+
+def test_serve_leaves_at_once_when_a_request_thread_cannot_finish() -> None:
+    """The backstop behind the drain: a thread that waits for ever (a request that outlived
+    the drain, its event loop gone) does not hold the process's exit until a SIGKILL."""
+    stuck = (
+        "import threading; threading.Thread(target=threading.Event().wait).start(); "
+        "from actions.management.commands.serve import leave; leave(); print('not reached')"
+    )
+    result = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", stuck],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "not reached" not in result.stdout
+    assert "stopped with 1 request(s) in flight" in result.stderr

@@ -59,11 +59,21 @@ _Entry = tuple[asyncio.AbstractEventLoop, asyncio.Event, frozenset[str] | None]
 
 _waiters: dict[int, set[_Entry]] = {}
 _lock = threading.Lock()
+# Set while the server stops (stop_waits): every wait ends, answered with what is true now.
+_stopping = threading.Event()
 
 
 def on_run_changed(sender: Any, *, run_id: int, status: str | None = None, **kwargs: Any) -> None:
     """The engine's run_changed signal, from whichever thread committed the change."""
     _wake(_waiters_of([(run_id, status)]))
+
+
+def stop_waits() -> None:
+    """The server is stopping: every request waiting on a run answers now, with the run as it
+    is (a 202 to an API client, which reads it again from whichever server is up), and new
+    waits are answered at once, instead of each holding the shutdown until its time is up."""
+    _stopping.set()
+    _wake(_waiters_of(None))
 
 
 def _waiters_of(changes: Iterable[tuple[int, str | None]] | None) -> list[_Entry]:
@@ -166,7 +176,7 @@ async def settle(
 
     def read(run_id: int) -> T:
         run = Run.objects.get(pk=run_id)
-        timed_out = deadline is not None and deadline - time.monotonic() <= 0
+        timed_out = _stopping.is_set() or (deadline is not None and deadline - time.monotonic() <= 0)
         return describe(run) if run.status in done or timed_out else _NOT_YET
 
     def first() -> T:

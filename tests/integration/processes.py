@@ -103,21 +103,11 @@ class Site:
         wait_for_port(port, proc)
         return Server(proc, port)
 
-    def daphne(self, port: int | None = None) -> Server:
-        port = port or free_port()
-        proc = self.spawn(
-            f"daphne-{port}",
-            sys.executable,
-            "-m",
-            "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "grundlag_site.asgi:application",
-        )
-        wait_for_port(port, proc)
-        return Server(proc, port)
+    def web(self, port: int | None = None) -> Server:
+        """A web process of the scaled setup, as deploy/Procfile runs it: `manage.py serve`
+        (daphne; with REDIS_URL set, no worker of its own)."""
+        assert "REDIS_URL" in self.env, "the embedded setup's server is serve()"
+        return self.serve(port)
 
     def worker(
         self, name: str = "w1", concurrency: int = 2, queues: str = "", nice: int = 0

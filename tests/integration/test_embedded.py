@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import signal
 import sqlite3
+import threading
 import time
 
+import httpx
 import pytest
 
-from tests.integration.processes import Site, stop
+from tests.integration.processes import Site, stop, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -92,6 +94,37 @@ def test_pending_interrupts_survive_a_restart_and_resume_in_a_fresh_process(site
         # The first answer came back from the checkpoint stored before the restart.
         assert done["status"] == "completed"
         assert done["output"]["answers"] == [{"approved": True, "n": 1}, {"approved": True, "n": 2}]
+
+
+def test_sigterm_answers_the_requests_waiting_on_a_run_and_stops_at_once(site: Site) -> None:
+    """A request still waiting (`Prefer: wait=30` on an approval) when SIGTERM comes is answered
+    with the approval as it is, and does not keep the process alive until its supervisor kills
+    it."""
+    server = site.serve()
+    answers: list[httpx.Response | Exception] = []
+
+    def ask() -> None:
+        with server.client(site.token) as api:
+            try:
+                answers.append(
+                    api.post("/api/approvals", json={"message": "ship it?"}, headers={"Prefer": "wait=30"})
+                )
+            except Exception as exc:  # what must not happen: the connection closed under it
+                answers.append(exc)
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    wait_for(lambda: site.sql("SELECT COUNT(*) FROM actions_interrupt")[0][0] == 1, 20, "the approval")
+    time.sleep(0.5)  # the request is waiting
+    started = time.monotonic()
+    assert stop(server.proc, signal.SIGTERM, timeout=20) == 0
+    assert time.monotonic() - started < 3
+    asking.join(10)
+    (answer,) = answers
+    assert isinstance(answer, httpx.Response), answer
+    assert answer.status_code == 202 and answer.json()["status"] == "pending", answer.text
+    # Still pending in the inbox, for the next start.
+    assert site.sql("SELECT status FROM actions_interrupt") == [("pending",)]
 
 
 def test_a_step_left_running_by_a_crashed_process_is_run_again_at_start(site: Site) -> None:

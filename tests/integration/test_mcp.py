@@ -373,7 +373,7 @@ def test_in_the_scaled_setup_any_web_process_answers_for_a_task(scaled_site: Sit
     """PostgreSQL, Redis, a Celery worker and two daphne processes: a task made through one is
     answered by the other, and once the first is gone too."""
     site = scaled_site
-    first, second = site.daphne(), site.daphne()
+    first, second = site.web(), site.web()
     site.worker("w1")
 
     async def create() -> str:

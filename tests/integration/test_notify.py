@@ -69,7 +69,7 @@ def test_a_webhook_hears_of_a_run_from_the_embedded_server(site: Site, receiver:
 
 def test_a_webhook_hears_of_a_run_through_a_celery_worker(scaled_site: Site, receiver: Receiver) -> None:
     scaled_site.env["GRUNDLAG_WEBHOOK_ALLOW_PRIVATE"] = "true"
-    web = scaled_site.daphne()
+    web = scaled_site.web()
     scaled_site.worker("w1")
     a_run_is_told(web, scaled_site.token, receiver)
 
@@ -78,7 +78,7 @@ def test_notifications_go_through_workers_of_their_own_queue(scaled_site: Site, 
     """As deploy/Procfile runs it: a worker for the steps (-Q celery), another, niced, for the
     notifications (-Q notify). The steps' worker never fans out or delivers."""
     scaled_site.env["GRUNDLAG_WEBHOOK_ALLOW_PRIVATE"] = "true"
-    web = scaled_site.daphne()
+    web = scaled_site.web()
     scaled_site.worker("steps", queues="celery")
     scaled_site.worker("notify", queues="notify", nice=10)
     a_run_is_told(web, scaled_site.token, receiver)
@@ -143,7 +143,7 @@ def test_a_webhook_whose_worker_was_killed_mid_send_is_delivered_by_another(
         GRUNDLAG_WEBHOOK_TIMEOUT_SECONDS="30",
         GRUNDLAG_SWEEP_SECONDS="1",
     )
-    web = scaled_site.daphne()
+    web = scaled_site.web()
     doomed = scaled_site.worker("w1")
     receiver.delays = [60]  # the first request hangs until its sender is gone
     with web.client(scaled_site.token) as api:

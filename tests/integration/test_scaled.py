@@ -67,7 +67,7 @@ def test_fifty_concurrent_approvals_give_one_decision_one_resume_and_49_conflict
         servers = [site.serve()]
     else:
         site = request.getfixturevalue("scaled_site")
-        servers = [site.daphne(), site.daphne()]
+        servers = [site.web(), site.web()]
         site.worker("w1")
         site.worker("w2")
     run = start_effect(servers[0], site.token, "race")
@@ -107,7 +107,7 @@ def test_fifty_concurrent_approvals_give_one_decision_one_resume_and_49_conflict
 
 def test_a_worker_killed_mid_step_delays_the_run_but_it_completes_exactly_once(scaled_site: Site) -> None:
     site = scaled_site
-    server = site.daphne()
+    server = site.web()
     doomed = site.worker("doomed", concurrency=1)
     run = start_effect(server, site.token, "crash", seconds=4)
     with server.client(site.token) as api:
@@ -138,7 +138,7 @@ def test_a_step_longer_than_its_lease_is_not_run_again_while_its_worker_lives(sc
     a lease of 2 s, swept all the while, with another worker idle and ready to take it."""
     site = scaled_site
     site.env["GRUNDLAG_STEP_LEASE_SECONDS"] = "2"
-    server = site.daphne()
+    server = site.web()
     site.worker("busy", concurrency=1)
     site.worker("idle", concurrency=1)
     run = start_effect(server, site.token, "long", seconds=8)
@@ -153,12 +153,12 @@ def test_a_step_longer_than_its_lease_is_not_run_again_while_its_worker_lives(sc
 
 def test_pending_interrupts_survive_stopping_every_web_and_worker_process(scaled_site: Site) -> None:
     site = scaled_site
-    web, worker = site.daphne(), site.worker("w1")
+    web, worker = site.web(), site.worker("w1")
     runs = [start_effect(web, site.token, f"restart-{i}") for i in range(10)]
     stop(web.proc)
     stop(worker)
 
-    web = site.daphne()
+    web = site.web()
     site.worker("w2")
     with web.client(site.token) as api:
         pending = api.get("/api/interrupts", params={"status": "pending"}).json()["items"]
@@ -177,7 +177,7 @@ def test_a_decision_while_postgresql_is_down_is_refused_clearly_and_changes_noth
     scaled_site: Site,
 ) -> None:
     site = scaled_site
-    web = site.daphne()
+    web = site.web()
     site.worker("w1")
     run = start_effect(web, site.token, "outage")
     interrupt_id = run["interrupt"]["id"]
@@ -220,7 +220,7 @@ def test_a_step_whose_worker_finds_the_database_down_runs_once_it_is_back(scaled
     moment later, and the step runs once the database answers, without waiting for a sweeper
     (no beat runs here)."""
     site = scaled_site
-    web = site.daphne()
+    web = site.web()
     worker = site.worker("w1")
     run = start_effect(web, site.token, "restart")
     stop(worker)
@@ -243,7 +243,7 @@ def test_after_the_database_restarts_the_api_answers_503_then_serves_again(scale
     checks each as it lends it, backing off between failures), a request is told 503 "nothing
     was changed, try again", never a 500; within seconds every request is served again."""
     site = scaled_site
-    web = site.daphne()
+    web = site.web()
     site.worker("w1")
     run = start_effect(web, site.token, "pool")
 
@@ -278,7 +278,7 @@ def test_an_idle_socket_over_channels_redis_stays_open_and_still_gets_pushes(sca
     import websockets
 
     site = scaled_site
-    web = site.daphne()
+    web = site.web()
     site.worker("w1")
     reviewer = logged_in_reviewer(web)
     cookie = f"sessionid={reviewer.cookies['sessionid']}"
@@ -306,7 +306,7 @@ def test_a_waiting_request_is_woken_across_processes_by_postgresql_not_by_its_fa
     slower than the test's patience, only PostgreSQL's notification can wake it in time."""
     site = scaled_site
     site.env["GRUNDLAG_WAIT_POLL_SECONDS"] = "30"
-    web = site.daphne()
+    web = site.web()
     site.worker("w1")
     # The web process listens from its start (before it, a waiter polls fast: not what is tested).
     listening = "SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = 'grundlag-listen'"
@@ -334,7 +334,7 @@ def test_requests_reuse_pooled_database_connections(scaled_site: Site) -> None:
     every request opened (and closed) a connection of its own, about 10 ms before its first
     query. With it, a web process keeps a few connections open and lends them out."""
     site = scaled_site
-    web = site.daphne()
+    web = site.web()
     backends = (
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
         " AND backend_type = 'client backend' AND application_name <> 'grundlag-listen'"

@@ -151,7 +151,7 @@ def test_an_approval_is_one_trace_across_daphne_and_celery_workers(
     scaled_site: Site, otlp: OtlpReceiver, receiver: Receiver
 ) -> None:
     traced(scaled_site, otlp)
-    web = scaled_site.daphne()
+    web = scaled_site.web()
     scaled_site.worker("steps", queues="celery")
     scaled_site.worker("notify", queues="notify")
     run = an_approval(web, scaled_site.token, receiver)

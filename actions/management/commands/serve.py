@@ -5,6 +5,8 @@ Celery beat does in the scaled setup, so one command is the whole installation."
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,9 +16,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections
 
-from actions import engine, notify
+from actions import engine, notify, tracing
 from actions.drivers import sandbox
 from actions.engine import audit, idempotency, queue
+from actions.live import waiting
 from actions.notify import process
 
 logger = logging.getLogger("actions")
@@ -34,7 +37,6 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         # Imported here: daphne installs Twisted's asyncio reactor as a side effect.
         from daphne.endpoints import build_endpoint_description_strings
-        from daphne.server import Server
 
         from grundlag_site.asgi import application
 
@@ -63,7 +65,7 @@ class Command(BaseCommand):
             self.stderr.write(f"Note: {exc}. Everything else works without it.")
         self.stdout.write(f"Grundlag approvals on http://{host}:{port}/  (Ctrl-C stops it)")
         try:
-            Server(
+            draining_server()(
                 application=application,
                 endpoints=build_endpoint_description_strings(host=host, port=port),
                 signal_handlers=True,
@@ -78,6 +80,60 @@ class Command(BaseCommand):
             if notifier is not None:
                 process.current = None
                 notifier.stop()
+        leave()
+
+
+# How long a stopping server lets the HTTP requests in flight finish before cancelling them.
+DRAIN_SECONDS = 5.0
+
+
+def draining_server() -> type:
+    """daphne's Server, stopping gently: on SIGTERM the requests waiting on a run (`Prefer:
+    wait`, MCP) answer at once with the run as it is, and every HTTP request in flight has
+    DRAIN_SECONDS to finish, before daphne cancels what is left (websockets: the browsers
+    reconnect to whichever server is up)."""
+    import asyncio
+
+    from daphne.server import Server
+    from daphne.ws_protocol import WebSocketProtocol
+    from twisted.internet import defer
+
+    class DrainingServer(Server):  # type: ignore[misc]
+        def kill_all_applications(self) -> defer.Deferred[Any]:
+            return defer.Deferred.fromFuture(asyncio.ensure_future(self.drain())).addBoth(
+                lambda _: super(DrainingServer, self).kill_all_applications()
+            )
+
+        async def drain(self) -> None:
+            waiting.stop_waits()
+            deadline = time.monotonic() + DRAIN_SECONDS
+            while time.monotonic() < deadline and any(
+                not isinstance(protocol, WebSocketProtocol)
+                and "application_instance" in details
+                and not details["application_instance"].done()
+                for protocol, details in list(self.connections.items())
+            ):
+                await asyncio.sleep(0.05)
+
+    return DrainingServer
+
+
+def leave() -> None:
+    """End the process once daphne has stopped, without waiting for requests that were in
+    flight when it did. Django runs a request's sync middleware in a thread that hands the view
+    back to daphne's event loop; with the loop stopped, that thread waits for ever, and Python's
+    exit waits for that thread: SIGTERM would hang until the supervisor's SIGKILL. What such a
+    request committed stays committed (a decision, a started run); its client sees the
+    connection close, and a retry with the same Idempotency-Key is answered from it."""
+    stuck = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
+    if not stuck:
+        return
+    logger.warning("stopped with %s request(s) in flight; their connections were closed", len(stuck))
+    tracing.flush()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def sweep_periodically(stop: threading.Event) -> None:

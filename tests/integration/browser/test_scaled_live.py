@@ -19,7 +19,7 @@ def test_pushes_cross_processes_and_survive_a_redis_restart(scaled_site: Site, b
     # As deployed, with beat, whose sweeper sends a step again whose message the restart lost
     # (after a grace shortened here, as the socket's recheck is).
     site.env.update(GRUNDLAG_SOCKET_RECHECK_SECONDS="3", GRUNDLAG_QUEUED_GRACE_SECONDS="3")
-    web_a, web_b = site.daphne(), site.daphne()
+    web_a, web_b = site.web(), site.web()
     site.worker("w1")
     site.beat()
     reviewer1 = log_in(browser, web_a.url, "reviewer1")
