@@ -103,41 +103,42 @@ def pages_to_check(server: Server, token: str) -> list[str]:
     ]
 
 
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
 @pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_every_page_passes_axe_in_both_colour_schemes_on_desktop_and_phone(
-    site: Site, browser: Browser, scheme: Scheme
+    site: Site, browser: Browser, scheme: Scheme, viewport: ViewportSize
 ) -> None:
     server = site.serve()
     urls = pages_to_check(server, site.token)
     problems: dict[str, Any] = {}
+    width = f"{viewport['width']}px"
 
-    def check(page: Page, where: str, viewport: ViewportSize) -> None:
+    def check(page: Page, where: str) -> None:
         if found := violations(page):
             problems[where] = found
         if viewport is PHONE and (extra_px := sideways(page)):
             problems[where + " scrolls sideways"] = f"{extra_px} px"
 
-    for viewport in (DESKTOP, PHONE):
-        # Signed out: the login page.
-        anonymous = browser.new_context(
-            base_url=server.url, color_scheme=scheme, viewport=viewport, bypass_csp=True
-        ).new_page()
-        anonymous.goto("/login/")
-        check(anonymous, f"/login/ {viewport['width']}px {scheme}", viewport)
-        anonymous.context.close()
-        for username, extra in (("reviewer1", urls), ("auditor", ["/history/"])):
-            page = signed_in(browser, server, username, scheme, viewport)
-            for url in extra:
-                page.goto(url)
-                page.wait_for_load_state("networkidle")
-                check(page, f"{url} {viewport['width']}px {scheme}", viewport)
-            if username == "reviewer1":
-                # A bulk decision's result, of one of its own.
-                page.goto(f"/bulk/?verb=approve&ids={start_invoice(server, site.token, 'A11Y-B')}")
-                page.locator("form.bulk-confirm button.approve").click()
-                expect(page.locator("h1")).to_have_text("Approved 1 of 1")
-                check(page, f"bulk result {viewport['width']}px {scheme}", viewport)
-            page.context.close()
+    # Signed out: the login page.
+    anonymous = browser.new_context(
+        base_url=server.url, color_scheme=scheme, viewport=viewport, bypass_csp=True
+    ).new_page()
+    anonymous.goto("/login/")
+    check(anonymous, f"/login/ {width} {scheme}")
+    anonymous.context.close()
+    for username, extra in (("reviewer1", urls), ("auditor", ["/history/"])):
+        page = signed_in(browser, server, username, scheme, viewport)
+        for url in extra:
+            page.goto(url)
+            page.wait_for_load_state("networkidle")
+            check(page, f"{url} {width} {scheme}")
+        if username == "reviewer1":
+            # A bulk decision's result, of one of its own.
+            page.goto(f"/bulk/?verb=approve&ids={start_invoice(server, site.token, 'A11Y-B')}")
+            page.locator("form.bulk-confirm button.approve").click()
+            expect(page.locator("h1")).to_have_text("Approved 1 of 1")
+            check(page, f"bulk result {width} {scheme}")
+        page.context.close()
     assert not problems, json.dumps(problems, indent=1)
 
 
