@@ -126,7 +126,7 @@ def flush() -> None:
         provider = trace.get_tracer_provider()
         force_flush = getattr(provider, "force_flush", None)
         if force_flush is not None:
-            force_flush()
+            force_flush(timeout_millis=2000)  # a collector that is down does not hold the exit
 
 
 def redact_request(span: Span, request: Any) -> None:

@@ -47,7 +47,7 @@ export SECURE_COOKIES=false
 "$BIN/python" manage.py seed_demo
 
 for port in $WEB_PORTS; do
-  "$BIN/python" manage.py serve --host 127.0.0.1 --port "$port" &
+  "$BIN/python" manage.py serve --no-worker --host 127.0.0.1 --port "$port" &
   pids+=($!)
   echo "web: http://127.0.0.1:$port/"
 done

@@ -683,6 +683,9 @@ LOGGING = {
         # WARNING, ERROR or CRITICAL. Django's and the libraries' loggers keep their defaults.
         "actions": {"handlers": ["console"], "level": os.getenv("LOG_LEVEL", "INFO"), "propagate": False}
     },
+    # Everything else at WARNING and above, to stderr: a request's unhandled error (Django's
+    # `django.request`, its traceback), daphne's and Celery's warnings.
+    "root": {"handlers": ["console"], "level": "WARNING"},
 }
 
 

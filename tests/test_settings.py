@@ -171,3 +171,40 @@ def test_a_thread_sending_a_task_shares_the_one_result_backend_stand_in() -> Non
     thread.start()
     thread.join()
     assert seen == [backend]
+
+
+@pytest.mark.slow  # starts the settings in a process of their own
+def test_a_requests_unhandled_error_reaches_the_log_without_debug() -> None:
+    """DEBUG off (deployed): Django's own console handler is silent, yet a request's traceback
+    (`django.request`) and the servers' warnings must reach stderr."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "DATABASE_URL", "REDIS_URL")}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "manage.py",
+            "shell",
+            "-c",
+            "import logging; logging.getLogger('django.request').error('Internal Server Error: /boom-42')",
+        ],
+        cwd=ROOT,
+        env={**clean, "DEBUG": "false", "SECRET_KEY": "x" * 50},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("Internal Server Error: /boom-42") == 1, result.stderr
+
+
+@pytest.mark.slow  # starts a process of its own
+def test_a_web_process_without_a_worker_needs_a_broker() -> None:
+    clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "serve", "--no-worker", "--port", "1"],
+        cwd=ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "--no-worker needs REDIS_URL" in result.stderr

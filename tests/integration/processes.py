@@ -104,10 +104,14 @@ class Site:
         return Server(proc, port)
 
     def web(self, port: int | None = None) -> Server:
-        """A web process of the scaled setup, as deploy/Procfile runs it: `manage.py serve`
-        (daphne; with REDIS_URL set, no worker of its own)."""
-        assert "REDIS_URL" in self.env, "the embedded setup's server is serve()"
-        return self.serve(port)
+        """A web process of the scaled setup, as deploy/Procfile runs it: `manage.py serve
+        --no-worker` (daphne, and no worker of its own)."""
+        port = port or free_port()
+        proc = self.spawn(
+            f"web-{port}", sys.executable, "manage.py", "serve", "--no-worker", "--port", str(port)
+        )
+        wait_for_port(port, proc)
+        return Server(proc, port)
 
     def worker(
         self, name: str = "w1", concurrency: int = 2, queues: str = "", nice: int = 0

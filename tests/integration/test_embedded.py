@@ -118,7 +118,7 @@ def test_sigterm_answers_the_requests_waiting_on_a_run_and_stops_at_once(site: S
     time.sleep(0.5)  # the request is waiting
     started = time.monotonic()
     assert stop(server.proc, signal.SIGTERM, timeout=20) == 0
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 4.5  # not held the drain's 5 s
     asking.join(10)
     (answer,) = answers
     assert isinstance(answer, httpx.Response), answer

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 
 from actions import engine, notify, tracing
@@ -33,6 +33,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument(
+            "--no-worker",
+            action="store_true",
+            help="A web process of the scaled setup: never run steps or notifications here "
+            "(refused without REDIS_URL, where nothing else would)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         # Imported here: daphne installs Twisted's asyncio reactor as a side effect.
@@ -40,9 +46,18 @@ class Command(BaseCommand):
 
         from grundlag_site.asgi import application
 
+        embedded = settings.CELERY_BROKER_URL.startswith("memory://")
+        if options["no_worker"] and embedded:
+            # Several web processes, each its own worker without a broker, would each re-queue
+            # the steps the others are running (sweep(all_unfinished=True) below).
+            raise CommandError(
+                "--no-worker needs REDIS_URL: it is the scaled setup's web process, and without a "
+                "broker no Celery worker would run the steps. Set REDIS_URL, or leave out "
+                "--no-worker to run the worker in this process (one process only)."
+            )
         stop = threading.Event()
         pool = notifier = None
-        if settings.CELERY_BROKER_URL.startswith("memory://"):
+        if embedded:
             pool = ThreadPoolExecutor(settings.CELERY_WORKER_CONCURRENCY, thread_name_prefix="grundlag-step")
             queue.run_steps_in(pool)
             # Notifications are fanned out and sent by a process of their own (on another
@@ -83,15 +98,19 @@ class Command(BaseCommand):
         leave()
 
 
-# How long a stopping server lets the HTTP requests in flight finish before cancelling them.
+# How long a stopping server lets the HTTP requests in flight finish, then those it cancelled
+# wind up, and then the process's threads end, before it exits without them.
 DRAIN_SECONDS = 5.0
+CANCEL_SECONDS = 2.0
+EXIT_SECONDS = 2.0
 
 
 def draining_server() -> type:
-    """daphne's Server, stopping gently: on SIGTERM the requests waiting on a run (`Prefer:
-    wait`, MCP) answer at once with the run as it is, and every HTTP request in flight has
-    DRAIN_SECONDS to finish, before daphne cancels what is left (websockets: the browsers
-    reconnect to whichever server is up)."""
+    """daphne's Server, stopping gently: on SIGTERM it stops accepting connections, the
+    requests waiting on a run (`Prefer: wait`, MCP) answer at once with the run as it is, and
+    every HTTP request in flight has DRAIN_SECONDS to finish; then what is left is cancelled
+    (websockets: the browsers reconnect to whichever server is up), waited for CANCEL_SECONDS
+    at most."""
     import asyncio
 
     from daphne.server import Server
@@ -99,41 +118,59 @@ def draining_server() -> type:
     from twisted.internet import defer
 
     class DrainingServer(Server):  # type: ignore[misc]
-        def kill_all_applications(self) -> defer.Deferred[Any]:
-            return defer.Deferred.fromFuture(asyncio.ensure_future(self.drain())).addBoth(
-                lambda _: super(DrainingServer, self).kill_all_applications()
-            )
+        def listen_success(self, port: Any) -> None:
+            self.ports = [*getattr(self, "ports", []), port]
+            super().listen_success(port)
 
-        async def drain(self) -> None:
+        def kill_all_applications(self) -> defer.Deferred[None]:
+            # daphne's own reads every connection's application, which one still receiving its
+            # request has not got yet, and waits for the cancelled ones without a limit.
+            return defer.Deferred.fromFuture(asyncio.ensure_future(self.stop_gently()))
+
+        def running(self, *, websockets: bool) -> list[asyncio.Future[Any]]:
+            return [
+                app
+                for protocol, details in list(self.connections.items())
+                if (app := details.get("application_instance")) is not None
+                and not app.done()
+                and (websockets or not isinstance(protocol, WebSocketProtocol))
+            ]
+
+        async def stop_gently(self) -> None:
+            for port in getattr(self, "ports", []):
+                port.stopListening()  # the proxy sends new requests to the other processes
             waiting.stop_waits()
             deadline = time.monotonic() + DRAIN_SECONDS
-            while time.monotonic() < deadline and any(
-                not isinstance(protocol, WebSocketProtocol)
-                and "application_instance" in details
-                and not details["application_instance"].done()
-                for protocol, details in list(self.connections.items())
-            ):
+            while self.running(websockets=False) and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
+            if left := self.running(websockets=True):
+                for app in left:
+                    app.cancel()
+                await asyncio.wait(left, timeout=CANCEL_SECONDS)
 
     return DrainingServer
 
 
 def leave() -> None:
-    """End the process once daphne has stopped, without waiting for requests that were in
-    flight when it did. Django runs a request's sync middleware in a thread that hands the view
-    back to daphne's event loop; with the loop stopped, that thread waits for ever, and Python's
-    exit waits for that thread: SIGTERM would hang until the supervisor's SIGKILL. What such a
+    """Let the process exit, without waiting for ever for a request's thread that cannot end.
+    Django runs a request's sync middleware in a thread that hands the view back to daphne's
+    event loop; cancelled, or with the loop stopped, that thread may wait for ever, and
+    Python's exit waits for it: SIGTERM would hang until the supervisor's SIGKILL. What such a
     request committed stays committed (a decision, a started run); its client sees the
     connection close, and a retry with the same Idempotency-Key is answered from it."""
-    stuck = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
-    if not stuck:
-        return
-    logger.warning("stopped with %s request(s) in flight; their connections were closed", len(stuck))
-    tracing.flush()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+
+    def cut_off() -> None:
+        time.sleep(EXIT_SECONDS)
+        logger.warning("requests still in flight %s s after stopping; exiting without them", EXIT_SECONDS)
+        tracing.flush()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    # A daemon: it runs while the exit waits for the other threads, and dies with the process
+    # when they end in time.
+    threading.Thread(target=cut_off, name="grundlag-exit", daemon=True).start()
 
 
 def sweep_periodically(stop: threading.Event) -> None:
