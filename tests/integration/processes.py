@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -241,3 +242,26 @@ def decide(
         assert response.status_code in (200, 302), response.text[:500]
     finally:
         reviewer.close()
+
+
+def decide_when_asked(
+    web: Server, *, approve: bool, fields: dict[str, str] | None = None
+) -> threading.Thread:
+    """reviewer1 waits for the next approval to reach the inbox, then decides it on its page."""
+
+    def decide_next() -> None:
+        reviewer = logged_in_reviewer(web)
+        try:
+            for _ in range(200):
+                found = re.search(r'href="/interrupts/(\d+)/"', reviewer.get("/").text)
+                if found:
+                    break
+                threading.Event().wait(0.05)
+        finally:
+            reviewer.close()
+        assert found, "no approval reached the inbox"
+        decide(web, int(found.group(1)), approve=approve, fields=fields)
+
+    thread = threading.Thread(target=decide_next, daemon=True)
+    thread.start()
+    return thread

@@ -5,7 +5,6 @@ started and answered, lists paged, and retries after a lost answer that change n
 from __future__ import annotations
 
 import contextlib
-import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ import httpx
 import pytest
 
 from grundlag_client import Client, Rejected, TimedOut, requires_approval
-from tests.integration.processes import Server, Site, decide, logged_in_reviewer
+from tests.integration.processes import Server, Site, decide_when_asked
 
 pytestmark = pytest.mark.integration
 
@@ -29,29 +28,6 @@ def web(site: Site) -> Server:
 def client(web: Server, site: Site) -> Iterator[Client]:
     with Client(web.url, site.token, timeout=10) as api:
         yield api
-
-
-def decide_when_asked(
-    web: Server, *, approve: bool, fields: dict[str, str] | None = None
-) -> threading.Thread:
-    """reviewer1 waits for the next approval to reach the inbox, then decides it on its page."""
-
-    def decide_next() -> None:
-        reviewer = logged_in_reviewer(web)
-        try:
-            for _ in range(200):
-                found = re.search(r'href="/interrupts/(\d+)/"', reviewer.get("/").text)
-                if found:
-                    break
-                threading.Event().wait(0.05)
-        finally:
-            reviewer.close()
-        assert found, "no approval reached the inbox"
-        decide(web, int(found.group(1)), approve=approve, fields=fields)
-
-    thread = threading.Thread(target=decide_next, daemon=True)
-    thread.start()
-    return thread
 
 
 SCHEMA = {
