@@ -1,0 +1,246 @@
+"""LangGraph's interrupts, asked in a team's inbox: ``pip install "grundlag-client[langgraph]"``.
+
+``run_with_inbox(graph, input, config, client=...)`` invokes a compiled graph (with its own
+checkpointer, where its state stays); each time it stops at ``interrupt()``, every pending
+interrupt is asked as an approval in the team's inbox (its rules, notifications, deadlines,
+N-of-M and audit apply), and the graph is resumed with ``Command(resume=...)`` and what the
+person decided, until it ends. Its result is the graph's.
+
+An interrupt in LangChain's Agent Inbox form (``HumanInterrupt``: ``action_request`` with
+``action`` and ``args``, ``config`` with ``allow_accept``, ``allow_edit``, ``allow_respond``,
+``allow_ignore``, and a ``description``) is asked as such: the action and its arguments, and
+exactly the responses its config allows (accept; edit the arguments, one field each; respond
+with text; ignore). It resumes with the matching ``HumanResponse`` (``{"type": "accept" |
+"edit" | "response" | "ignore", "args": ...}``), a list of them when the interrupt was a list,
+as Agent Inbox does. A rejection in the inbox is an ``ignore`` where the config allows one, else
+a ``response`` with the reviewer's reason where that is allowed, else ``Rejected``.
+
+Any other value is asked as a plain approval (a string is the question; anything else is shown
+as the data), and resumes with the answer (``{"approved": true, "comment": ...}``) or, when
+rejected, ``{"approved": false, "reason": ...}``.
+
+Each interrupt is asked with an Idempotency-Key made of the graph's thread and the interrupt's
+id: a process that died while it waited, run again, finds the same approval, not a second one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from grundlag_client import Approval, Client, Rejected
+
+try:
+    from langgraph.types import Command
+except ImportError as exc:  # pragma: no cover - said once, plainly
+    raise ImportError(
+        'grundlag_client.langgraph needs LangGraph: pip install "grundlag-client[langgraph]"'
+    ) from exc
+
+__all__ = ["arun_with_inbox", "ask", "is_human_interrupt", "run_with_inbox"]
+
+RESPONSES = {
+    "allow_accept": "accept",
+    "allow_edit": "edit",
+    "allow_respond": "response",
+    "allow_ignore": "ignore",
+}
+EXPLAINED = {
+    "accept": "accept: run it as it is",
+    "edit": "edit: run it with the arguments below",
+    "response": "response: send the text below instead",
+    "ignore": "ignore: skip it",
+}
+ARG = "args."  # an edited argument's field in the answer: "args.<name>"
+
+
+def run_with_inbox(
+    graph: Any,
+    input: Any,
+    config: Mapping[str, Any],
+    *,
+    client: Client,
+    timeout: float | None = None,
+    deadline_seconds: int | None = None,
+) -> Any:
+    """Invoke ``graph`` with ``input`` until it ends, asking the team for each interrupt on the
+    way; the graph's final result. ``timeout``: how long to wait for each decision (None: for
+    ever; then TimedOut, the approval left pending); ``deadline_seconds``: the inbox's own
+    deadline for each (expired: Rejected, unless the interrupt allows ignoring it)."""
+    result = graph.invoke(input, config)
+    while pending := graph.get_state(config).interrupts:
+        answers = {
+            interrupt.id: ask(
+                client,
+                interrupt.value,
+                key=_key(config, interrupt.id),
+                timeout=timeout,
+                deadline_seconds=deadline_seconds,
+            )
+            for interrupt in pending
+        }
+        result = graph.invoke(Command(resume=answers), config)
+    return result
+
+
+async def arun_with_inbox(
+    graph: Any,
+    input: Any,
+    config: Mapping[str, Any],
+    *,
+    client: Client,
+    timeout: float | None = None,
+    deadline_seconds: int | None = None,
+) -> Any:
+    """``run_with_inbox`` for an async graph (``ainvoke``); the waits run in a thread, so the
+    event loop goes on meanwhile."""
+    result = await graph.ainvoke(input, config)
+    while pending := (await graph.aget_state(config)).interrupts:
+        answers = {}
+        for interrupt in pending:
+            answers[interrupt.id] = await asyncio.to_thread(
+                ask,
+                client,
+                interrupt.value,
+                key=_key(config, interrupt.id),
+                timeout=timeout,
+                deadline_seconds=deadline_seconds,
+            )
+        result = await graph.ainvoke(Command(resume=answers), config)
+    return result
+
+
+def ask(
+    client: Client,
+    value: Any,
+    *,
+    key: str = "",
+    timeout: float | None = None,
+    deadline_seconds: int | None = None,
+) -> Any:
+    """Ask the team about one interrupt's value and wait for the decision; what to resume with."""
+    if is_human_interrupt(value):
+        return _ask_human_interrupt(client, value, key, timeout, deadline_seconds)
+    if isinstance(value, list) and value and all(is_human_interrupt(each) for each in value):
+        return [
+            _ask_human_interrupt(client, each, f"{key}:{n}" if key else "", timeout, deadline_seconds)
+            for n, each in enumerate(value)
+        ]
+    message = value if isinstance(value, str) and value.strip() else "Approve this step?"
+    data = None if isinstance(value, str) else value
+    approval = _decided(client, message[:2000], data, None, key, timeout, deadline_seconds)
+    if approval.status == "approved":
+        return approval.answer
+    if approval.status == "rejected":
+        return {"approved": False, "reason": approval.reason}
+    raise Rejected(approval.reason, approval.status, approval)
+
+
+def is_human_interrupt(value: Any) -> bool:
+    """Whether ``value`` has Agent Inbox's ``HumanInterrupt`` shape."""
+    request = value.get("action_request") if isinstance(value, Mapping) else None
+    return (
+        isinstance(request, Mapping)
+        and isinstance(request.get("action"), str)
+        and isinstance(request.get("args", {}), Mapping)
+        and isinstance(value.get("config"), Mapping)
+    )
+
+
+def _ask_human_interrupt(
+    client: Client, value: Mapping[str, Any], key: str, timeout: float | None, deadline_seconds: int | None
+) -> dict[str, Any]:
+    action = value["action_request"]["action"]
+    args = dict(value["action_request"].get("args") or {})
+    config = value["config"]
+    allowed = [response for flag, response in RESPONSES.items() if config.get(flag)]
+    if not allowed:
+        raise ValueError(f"the interrupt for {action!r} allows no response (every allow_* is false)")
+    description = str(value.get("description") or "").strip()
+    message = (description or f"Review {action}")[:2000]
+    data = {"action": action, "args": args, "allowed": allowed}
+    approval = _decided(client, message, data, answer_schema(args, allowed), key, timeout, deadline_seconds)
+    if approval.status == "approved":
+        return human_response(action, args, approval.answer)
+    if "ignore" in allowed:
+        return {"type": "ignore", "args": None}
+    if "response" in allowed and approval.status == "rejected":
+        return {"type": "response", "args": approval.reason}
+    raise Rejected(approval.reason, approval.status, approval)
+
+
+def answer_schema(args: Mapping[str, Any], allowed: list[str]) -> dict[str, Any]:
+    """The form a reviewer answers: which response, the text of one, each argument to edit."""
+    properties: dict[str, Any] = {
+        "decision": {
+            "type": "string",
+            "enum": allowed,
+            "default": allowed[0],
+            "title": "Response",
+            "description": "; ".join(EXPLAINED[each] for each in allowed),
+        }
+    }
+    schema: dict[str, Any] = {"type": "object", "properties": properties, "required": ["decision"]}
+    if "response" in allowed:
+        properties["response"] = {"type": "string", "maxLength": 4000, "title": "Response text"}
+        # A response says something: its text is asked for when it is the one chosen.
+        schema["if"] = {"properties": {"decision": {"const": "response"}}, "required": ["decision"]}
+        schema["then"] = {"required": ["response"], "properties": {"response": {"minLength": 1}}}
+    if "edit" in allowed:
+        for name, current in args.items():
+            properties[ARG + name] = {**_type_of(current), "title": str(name), "default": current}
+    return schema
+
+
+def human_response(action: str, args: Mapping[str, Any], answer: Mapping[str, Any]) -> dict[str, Any]:
+    """Agent Inbox's ``HumanResponse`` for the reviewer's answer."""
+    decision = answer.get("decision")
+    if decision == "edit":
+        edited = {name[len(ARG) :]: value for name, value in answer.items() if name.startswith(ARG)}
+        return {"type": "edit", "args": {"action": action, "args": {**args, **edited}}}
+    if decision == "response":
+        return {"type": "response", "args": str(answer.get("response") or "")}
+    if decision in ("accept", "ignore"):
+        return {"type": decision, "args": None}
+    raise ValueError(f"not a response Agent Inbox knows: {decision!r}")
+
+
+def _type_of(value: Any) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"type": "boolean"}
+    if isinstance(value, int):
+        return {"type": "integer"}
+    if isinstance(value, float):
+        return {"type": "number"}
+    if isinstance(value, str):
+        return {"type": "string"}
+    if isinstance(value, list):
+        return {"type": "array"}
+    if isinstance(value, Mapping):
+        return {"type": "object"}
+    return {}
+
+
+def _decided(
+    client: Client,
+    message: str,
+    data: Any,
+    schema: dict[str, Any] | None,
+    key: str,
+    timeout: float | None,
+    deadline_seconds: int | None,
+) -> Approval:
+    approval = client.create_approval(
+        message, data, answer_schema=schema, deadline_seconds=deadline_seconds, idempotency_key=key
+    )
+    if not approval.decided:
+        approval = client.wait_for_approval(approval.id, timeout=timeout)
+    return approval
+
+
+def _key(config: Mapping[str, Any], interrupt_id: str) -> str:
+    thread = str((config.get("configurable") or {}).get("thread_id", ""))
+    if not thread:
+        return ""  # no thread, no way to know the same interrupt again
+    return f"langgraph:{thread}:{interrupt_id}"[:255]

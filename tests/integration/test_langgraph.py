@@ -1,0 +1,148 @@
+"""LangGraph (the real package) with the team's inbox, through the Python client's adapter
+(grundlag_client.langgraph), against `make run`'s server: a graph's interrupts are asked as
+approvals, a reviewer decides each on its page as a browser would, and the graph resumes with
+exactly that decision, in Agent Inbox's form where the interrupt has it."""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import re
+import threading
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import interrupt
+
+from grundlag_client import Client, TimedOut
+from grundlag_client.langgraph import arun_with_inbox, run_with_inbox
+from tests.integration.processes import Server, Site, decide_when_asked, logged_in_reviewer
+
+pytestmark = pytest.mark.integration
+
+
+class State(TypedDict):
+    heard: Annotated[list[Any], operator.add]
+
+
+def graph_of(*asks: Any) -> Any:
+    """A graph of one node per value in ``asks``, each pausing with it and keeping what it
+    resumed with, on LangGraph's own in-memory checkpointer."""
+    builder = StateGraph(State)
+    previous = START
+    for n, value in enumerate(asks):
+
+        def node(state: State, value: Any = value) -> dict[str, Any]:
+            return {"heard": [interrupt(value)]}
+
+        builder.add_node(f"ask{n}", node)
+        builder.add_edge(previous, f"ask{n}")
+        previous = f"ask{n}"
+    builder.add_edge(previous, END)
+    return builder.compile(checkpointer=InMemorySaver())
+
+
+def human_interrupt(**allowed: bool) -> dict[str, Any]:
+    config = {f"allow_{name}": allowed.get(name, False) for name in ("accept", "edit", "respond", "ignore")}
+    return {
+        "action_request": {"action": "send_invoice", "args": {"invoice_id": "LG-1", "amount": 900}},
+        "config": config,
+        "description": "Send invoice LG-1 to ACME?",
+    }
+
+
+@pytest.fixture
+def web(site: Site) -> Server:
+    return site.serve()
+
+
+@pytest.fixture
+def client(web: Server, site: Site) -> Any:
+    with Client(web.url, site.token, timeout=10) as api:
+        yield api
+
+
+def test_an_agent_inbox_interrupt_is_edited_in_the_inbox_and_the_graph_runs_with_the_edit(
+    web: Server, client: Client
+) -> None:
+    graph = graph_of(human_interrupt(accept=True, edit=True, respond=True, ignore=True))
+    reviewer = decide_when_asked(
+        web,
+        approve=True,
+        fields={"answer-decision": "edit", "answer-args.invoice_id": "LG-1", "answer-args.amount": "90"},
+    )
+    result = run_with_inbox(graph, {"heard": []}, {"configurable": {"thread_id": "t-edit"}}, client=client)
+    reviewer.join(30)
+    assert result["heard"] == [
+        {"type": "edit", "args": {"action": "send_invoice", "args": {"invoice_id": "LG-1", "amount": 90}}}
+    ]
+    (asked,) = list(client.interrupts(status="approved"))
+    assert asked.message == "Send invoice LG-1 to ACME?"
+
+
+def test_the_page_offers_exactly_the_responses_the_interrupt_allows(web: Server, client: Client) -> None:
+    graph = graph_of([human_interrupt(accept=True, respond=True)])  # a list, as Agent Inbox sends
+    config = {"configurable": {"thread_id": "t-page"}}
+    with pytest.raises(TimedOut):
+        run_with_inbox(graph, {"heard": []}, config, client=client, timeout=0.5)
+    (pending,) = list(client.interrupts(status="pending"))
+    reviewer = logged_in_reviewer(web)
+    page = reviewer.get(f"/interrupts/{pending.id}/").text
+    reviewer.close()
+    assert "send_invoice" in page and "LG-1" in page
+    offered = re.findall(r'<option value="([a-z]+)"', page)
+    assert offered == ["accept", "response"]
+    assert 'name="answer-args.amount"' not in page  # no editing where the config allows none
+    # Rejected in the inbox: a response with the reviewer's reason, in a list as it was asked.
+    reviewer_thread = decide_when_asked(web, approve=False)
+    result = run_with_inbox(graph, None, config, client=client)  # the same thread, picked up again
+    reviewer_thread.join(30)
+    assert result["heard"] == [[{"type": "response", "args": "not this week"}]]
+    assert len(list(client.interrupts())) == 1, "picked up again, it asked no second time"
+
+
+def test_plain_interrupts_are_approvals_and_a_rejection_resumes_the_graph(
+    web: Server, client: Client
+) -> None:
+    graph = graph_of("Ship release 2.3?", {"deploy": "billing", "window": "tonight"})
+    first = decide_when_asked(web, approve=True, fields={"answer-comment": "go"})
+    # The second is asked once the first resumed: its reviewer starts when the first is done.
+    config = {"configurable": {"thread_id": "t-plain"}}
+
+    def second_after_first() -> None:
+        first.join(30)
+        decide_when_asked(web, approve=False).join(30)
+
+    threading.Thread(target=second_after_first, daemon=True).start()
+    result = run_with_inbox(graph, {"heard": []}, config, client=client, timeout=60)
+    assert result["heard"][0]["approved"] is True
+    assert result["heard"][1] == {"approved": False, "reason": "not this week"}
+    asked = {it.message: it for it in client.interrupts()}
+    assert set(asked) == {"Ship release 2.3?", "Approve this step?"}
+
+
+def test_an_async_graph_waits_without_blocking_its_event_loop(web: Server, client: Client) -> None:
+    graph = graph_of(human_interrupt(accept=True))
+    reviewer = decide_when_asked(web, approve=True, fields={"answer-decision": "accept"})
+
+    async def main() -> tuple[Any, int]:
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticking = asyncio.create_task(tick())
+        config = {"configurable": {"thread_id": "t-async"}}
+        result = await arun_with_inbox(graph, {"heard": []}, config, client=client)
+        ticking.cancel()
+        return result, ticks
+
+    result, ticks = asyncio.run(main())
+    reviewer.join(30)
+    assert result["heard"] == [{"type": "accept", "args": None}]
+    assert ticks > 5, "the loop went on while the inbox was asked"
