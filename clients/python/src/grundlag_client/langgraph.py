@@ -29,7 +29,8 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from grundlag_client import Approval, Client, Rejected
+from grundlag_client import Client, Rejected
+from grundlag_client._calls import MAX_MESSAGE, decided, type_of
 
 try:
     from langgraph.types import Command
@@ -129,7 +130,7 @@ def ask(
         ]
     message = value if isinstance(value, str) and value.strip() else "Approve this step?"
     data = None if isinstance(value, str) else value
-    approval = _decided(client, message[:2000], data, None, key, timeout, deadline_seconds)
+    approval = decided(client, message[:MAX_MESSAGE], data, None, key, timeout, deadline_seconds)
     if approval.status == "approved":
         return approval.answer
     if approval.status == "rejected":
@@ -158,9 +159,9 @@ def _ask_human_interrupt(
     if not allowed:
         raise ValueError(f"the interrupt for {action!r} allows no response (every allow_* is false)")
     description = str(value.get("description") or "").strip()
-    message = (description or f"Review {action}")[:2000]
+    message = (description or f"Review {action}")[:MAX_MESSAGE]
     data = {"action": action, "args": args, "allowed": allowed}
-    approval = _decided(client, message, data, answer_schema(args, allowed), key, timeout, deadline_seconds)
+    approval = decided(client, message, data, answer_schema(args, allowed), key, timeout, deadline_seconds)
     if approval.status == "approved":
         return human_response(action, args, approval.answer)
     if "ignore" in allowed:
@@ -189,7 +190,7 @@ def answer_schema(args: Mapping[str, Any], allowed: list[str]) -> dict[str, Any]
         schema["then"] = {"required": ["response"], "properties": {"response": {"minLength": 1}}}
     if "edit" in allowed:
         for name, current in args.items():
-            properties[ARG + name] = {**_type_of(current), "title": str(name), "default": current}
+            properties[ARG + name] = {**type_of(current), "title": str(name), "default": current}
     return schema
 
 
@@ -204,39 +205,6 @@ def human_response(action: str, args: Mapping[str, Any], answer: Mapping[str, An
     if decision in ("accept", "ignore"):
         return {"type": decision, "args": None}
     raise ValueError(f"not a response Agent Inbox knows: {decision!r}")
-
-
-def _type_of(value: Any) -> dict[str, Any]:
-    if isinstance(value, bool):
-        return {"type": "boolean"}
-    if isinstance(value, int):
-        return {"type": "integer"}
-    if isinstance(value, float):
-        return {"type": "number"}
-    if isinstance(value, str):
-        return {"type": "string"}
-    if isinstance(value, list):
-        return {"type": "array"}
-    if isinstance(value, Mapping):
-        return {"type": "object"}
-    return {}
-
-
-def _decided(
-    client: Client,
-    message: str,
-    data: Any,
-    schema: dict[str, Any] | None,
-    key: str,
-    timeout: float | None,
-    deadline_seconds: int | None,
-) -> Approval:
-    approval = client.create_approval(
-        message, data, answer_schema=schema, deadline_seconds=deadline_seconds, idempotency_key=key
-    )
-    if not approval.decided:
-        approval = client.wait_for_approval(approval.id, timeout=timeout)
-    return approval
 
 
 def _key(config: Mapping[str, Any], interrupt_id: str) -> str:
