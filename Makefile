@@ -29,7 +29,13 @@ NODE_MODULES := tests/node/node_modules/.package-lock.json
 $(NODE_MODULES): tests/node/package-lock.json
 	npm ci --prefix tests/node --no-audit --no-fund --loglevel=error
 
-node: $(NODE_MODULES)
+# The TypeScript client (clients/typescript), built with its pinned tsc for its tests.
+TS_CLIENT := clients/typescript/dist/index.js
+$(TS_CLIENT): clients/typescript/package-lock.json clients/typescript/tsconfig.json clients/typescript/src/index.ts
+	npm ci --prefix clients/typescript --no-audit --no-fund --loglevel=error
+	npm run build --prefix clients/typescript --silent
+
+node: $(NODE_MODULES) $(TS_CLIENT)
 
 # DEBUG stays off (the default): an error page shows nothing of the settings. Cookies are not
 # marked Secure because this serves plain HTTP on 127.0.0.1; behind HTTPS they are
@@ -83,7 +89,7 @@ lock:
 	(echo "-r requirements.txt"; /tmp/grundlag-lock/bin/pip freeze --exclude pip | grep -vxF -f requirements.txt) > requirements-dev.txt
 
 clean:
-	rm -rf $(VENV) tests/node/node_modules .pytest_cache .mypy_cache .ruff_cache staticfiles test.sqlite3* /tmp/grundlag-site $(CHECK_DB)_*
+	rm -rf $(VENV) tests/node/node_modules clients/typescript/node_modules clients/typescript/dist .pytest_cache .mypy_cache .ruff_cache staticfiles test.sqlite3* /tmp/grundlag-site $(CHECK_DB)_*
 
 # The scaled topology locally: PostgreSQL + Redis (Debian packages), 2 daphne, 2 workers, beat.
 scaled: venv
