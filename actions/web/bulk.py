@@ -27,7 +27,7 @@ BULK_LIMIT = INBOX_LIMIT
 
 VERBS = {"approve": "Approve", "reject": "Reject"}
 
-NEEDS_ANSWER = "Left out: its action needs a typed answer; open it to approve."
+NEEDS_ANSWER = "Left out: it needs a typed answer; open it to approve."
 
 
 class BulkForm(forms.Form):
@@ -72,6 +72,14 @@ def _chosen(request: AuthenticatedRequest, data: Any, *, by_filter: bool) -> tup
 
 
 def _needs_answer(interrupt: Interrupt) -> bool:
+    """Whether the bulk answer ({approved, comment}) is not one it takes: its action types its
+    answer, or its own answer schema (an approval asked through the API) wants another."""
+    if interrupt.answer_schema is not None:
+        try:
+            engine.validate_answer(interrupt, {"approved": True, "comment": ""})
+        except engine.InvalidAnswer:
+            return True
+        return False
     act = registry.find(interrupt.action)
     return act is not None and act.answer_model is not None
 
