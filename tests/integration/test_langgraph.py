@@ -16,7 +16,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
-from grundlag_client import Client, TimedOut
+from grundlag_client import Client, Rejected, TimedOut
 from grundlag_client.langgraph import arun_with_inbox, run_with_inbox
 from tests.integration.processes import Server, Site, decide_when_asked, logged_in_reviewer
 
@@ -103,20 +103,26 @@ def test_the_page_offers_exactly_the_responses_the_interrupt_allows(web: Server,
     assert len(list(client.interrupts())) == 1, "picked up again, it asked no second time"
 
 
-def test_plain_interrupts_are_approvals_and_a_rejection_resumes_the_graph(
+def test_plain_interrupts_are_approvals_and_a_rejection_stops_the_graph_unless_it_takes_one(
     web: Server, client: Client
 ) -> None:
     graph = graph_of("Ship release 2.3?", {"deploy": "billing", "window": "tonight"})
-    first = decide_when_asked(web, approve=True, fields={"answer-comment": "go"})
-    # The second is asked once the first resumed: its reviewer starts when the first is done.
     config = {"configurable": {"thread_id": "t-plain"}}
+    first = decide_when_asked(web, approve=True, fields={"answer-comment": "go"})
 
-    def second_after_first() -> None:
+    def second_after_first() -> None:  # the second is asked once the first resumed the graph
         first.join(30)
         decide_when_asked(web, approve=False).join(30)
 
     threading.Thread(target=second_after_first, daemon=True).start()
-    result = run_with_inbox(graph, {"heard": []}, config, client=client, timeout=60)
+    # A rejection is not a truthy answer the graph could take for a yes: it raises, and the
+    # graph stays where it paused.
+    with pytest.raises(Rejected) as rejected:
+        run_with_inbox(graph, {"heard": []}, config, client=client, timeout=60)
+    assert rejected.value.reason == "not this week"
+    assert graph.get_state(config).next == ("ask1",)
+    # A graph that handles a no is resumed with it (the same approval: asked no second time).
+    result = run_with_inbox(graph, None, config, client=client, resume_rejected=True)
     assert result["heard"][0]["approved"] is True
     assert result["heard"][1] == {"approved": False, "reason": "not this week"}
     asked = {it.message: it for it in client.interrupts()}

@@ -3,13 +3,18 @@ arguments editable where the framework can run it with others) and waiting for t
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from grundlag_client import Approval, Client
 
-MAX_MESSAGE = 2000
+MAX_MESSAGE = 4000  # the server's limit on a question
+# An edit form repeats each argument as its default: past this, the call is asked without one
+# (the server takes schemas up to 16 KB).
+MAX_EDIT_FORM_BYTES = 12_000
 
 
 @dataclass(frozen=True)
@@ -43,17 +48,47 @@ def ask_tool_call(
     may change the arguments, one field each, typed as each value is (its ``description`` from
     the tool's JSON ``schema`` when there is one). ``key``: the Idempotency-Key, so that asking
     again (a process picked up again) finds the same approval."""
-    arguments = dict(arguments)
+    proposed: dict[str, Any] = as_json(dict(arguments))
     who = f"{agent} wants to call {tool}" if agent else f"Call {tool}"
-    data = {"tool": tool, "arguments": arguments, **({"agent": agent} if agent else {})}
-    form = edit_schema(arguments, schema) if editable else None
+    data = {"tool": tool, "arguments": proposed, **({"agent": agent} if agent else {})}
+    form = edit_schema(proposed, schema) if editable else None
+    if form is not None and len(json.dumps(form)) > MAX_EDIT_FORM_BYTES:
+        form = None  # too big to edit field by field: approved or rejected as proposed
     approval = decided(client, f"{who}?"[:MAX_MESSAGE], data, form, key, timeout, deadline_seconds)
     if approval.status != "approved":
         reason = approval.reason or f"The call was {approval.status} in the inbox."
-        return ToolDecision(False, approval.status, arguments, reason=reason, approval_id=approval.id)
-    answer = approval.answer if isinstance(approval.answer, Mapping) else {}
-    approved = {**arguments, **answer} if editable else arguments
-    return ToolDecision(True, "approved", approved, edited=approved != arguments, approval_id=approval.id)
+        return ToolDecision(False, approval.status, proposed, reason=reason, approval_id=approval.id)
+    if form is None:
+        return ToolDecision(True, "approved", proposed, approval_id=approval.id)
+    approved = edited(proposed, approval.answer)
+    return ToolDecision(True, "approved", approved, edited=approved != proposed, approval_id=approval.id)
+
+
+def edited(arguments: Mapping[str, Any], answer: Any) -> dict[str, Any]:
+    """The arguments with what the reviewer changed put on top. Only the arguments' own names
+    count (an answer a rule or a bulk approval gave carries others), and a value that differs
+    only as a browser's field changes text (trimmed, CRLF line ends) keeps the proposed one."""
+    result = dict(arguments)
+    for name, value in answer.items() if isinstance(answer, Mapping) else ():
+        if name in result and not same(result[name], value):
+            result[name] = value
+    return result
+
+
+def same(proposed: Any, answered: Any) -> bool:
+    if isinstance(proposed, str) and isinstance(answered, str):
+        return proposed.replace("\r\n", "\n").strip() == answered.replace("\r\n", "\n").strip()
+    return bool(proposed == answered)
+
+
+def as_json(value: Any) -> Any:
+    """``value`` as JSON would carry it (a datetime, a message object: as text)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def key_part(text: str) -> str:
+    """Any text (a thread's id, a caller's key) as a short ASCII part of an Idempotency-Key."""
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def edit_schema(arguments: Mapping[str, Any], schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -62,10 +97,13 @@ def edit_schema(arguments: Mapping[str, Any], schema: Mapping[str, Any] | None =
     properties = {}
     for name, value in arguments.items():
         prop: dict[str, Any] = {**type_of(value), "title": str(name), "default": value}
+        if isinstance(value, str) and ("\n" in value or len(value) > 200):
+            prop["maxLength"] = 65_536  # a text box, which keeps its lines, not a one-line field
         if isinstance(described.get(name), Mapping) and isinstance(described[name].get("description"), str):
             prop["description"] = described[name]["description"]
         properties[str(name)] = prop
-    return {"type": "object", "properties": properties}
+    # What is not an argument is no answer to this form (a bulk approval's {approved, comment}).
+    return {"type": "object", "properties": properties, "additionalProperties": False}
 
 
 def type_of(value: Any) -> dict[str, Any]:

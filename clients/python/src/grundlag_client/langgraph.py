@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from grundlag_client import Client, Rejected
-from grundlag_client._calls import MAX_MESSAGE, decided, type_of
+from grundlag_client._calls import MAX_MESSAGE, as_json, decided, edited, key_part, type_of
 
 try:
     from langgraph.types import Command
@@ -64,13 +64,16 @@ def run_with_inbox(
     client: Client,
     timeout: float | None = None,
     deadline_seconds: int | None = None,
+    resume_rejected: bool = False,
 ) -> Any:
     """Invoke ``graph`` with ``input`` until it ends, asking the team for each interrupt on the
     way; the graph's final result. ``timeout``: how long to wait for each decision (None: for
     ever; then TimedOut, the approval left pending); ``deadline_seconds``: the inbox's own
-    deadline for each (expired: Rejected, unless the interrupt allows ignoring it)."""
+    deadline for each. A plain question rejected raises Rejected (the graph stays where it
+    paused), unless ``resume_rejected``: then it resumes with ``{"approved": False, "reason"}``."""
     result = graph.invoke(input, config)
-    while pending := graph.get_state(config).interrupts:
+    config = _latest(config)
+    while pending := _pending(graph.get_state(config)):
         answers = {
             interrupt.id: ask(
                 client,
@@ -78,6 +81,7 @@ def run_with_inbox(
                 key=_key(config, interrupt.id),
                 timeout=timeout,
                 deadline_seconds=deadline_seconds,
+                resume_rejected=resume_rejected,
             )
             for interrupt in pending
         }
@@ -93,11 +97,13 @@ async def arun_with_inbox(
     client: Client,
     timeout: float | None = None,
     deadline_seconds: int | None = None,
+    resume_rejected: bool = False,
 ) -> Any:
     """``run_with_inbox`` for an async graph (``ainvoke``); the waits run in a thread, so the
     event loop goes on meanwhile."""
     result = await graph.ainvoke(input, config)
-    while pending := (await graph.aget_state(config)).interrupts:
+    config = _latest(config)
+    while pending := _pending(await graph.aget_state(config)):
         answers = {}
         for interrupt in pending:
             answers[interrupt.id] = await asyncio.to_thread(
@@ -107,9 +113,28 @@ async def arun_with_inbox(
                 key=_key(config, interrupt.id),
                 timeout=timeout,
                 deadline_seconds=deadline_seconds,
+                resume_rejected=resume_rejected,
             )
         result = await graph.ainvoke(Command(resume=answers), config)
     return result
+
+
+def _latest(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config without a checkpoint to start from (time travel): from the first invoke on,
+    the thread's latest checkpoint is the one that pauses and resumes."""
+    configurable = {k: v for k, v in (config.get("configurable") or {}).items() if k != "checkpoint_id"}
+    return {**config, "configurable": configurable}
+
+
+def _pending(state: Any) -> tuple[Any, ...]:
+    """The interrupts the graph waits on; a graph stopped at a breakpoint (interrupt_before or
+    interrupt_after) asks nobody anything, and is not taken for one that ended."""
+    if not state.interrupts and state.next:
+        raise RuntimeError(
+            f"the graph stopped before {', '.join(state.next)} at a breakpoint, not at interrupt(): "
+            "there is no question for the inbox; resume it with invoke(None, config)"
+        )
+    return tuple(state.interrupts)
 
 
 def ask(
@@ -119,8 +144,10 @@ def ask(
     key: str = "",
     timeout: float | None = None,
     deadline_seconds: int | None = None,
+    resume_rejected: bool = False,
 ) -> Any:
     """Ask the team about one interrupt's value and wait for the decision; what to resume with."""
+    value = as_json(value)
     if is_human_interrupt(value):
         return _ask_human_interrupt(client, value, key, timeout, deadline_seconds)
     if isinstance(value, list) and value and all(is_human_interrupt(each) for each in value):
@@ -128,12 +155,14 @@ def ask(
             _ask_human_interrupt(client, each, f"{key}:{n}" if key else "", timeout, deadline_seconds)
             for n, each in enumerate(value)
         ]
-    message = value if isinstance(value, str) and value.strip() else "Approve this step?"
-    data = None if isinstance(value, str) else value
-    approval = decided(client, message[:MAX_MESSAGE], data, None, key, timeout, deadline_seconds)
+    text = value.strip() if isinstance(value, str) else ""
+    message = text[:MAX_MESSAGE] if text else "Approve this step?"
+    # A question longer than the inbox's title is shown whole as its data.
+    data = {"text": value} if len(text) > MAX_MESSAGE else (None if isinstance(value, str) else value)
+    approval = decided(client, message, data, None, key, timeout, deadline_seconds)
     if approval.status == "approved":
         return approval.answer
-    if approval.status == "rejected":
+    if approval.status == "rejected" and resume_rejected:
         return {"approved": False, "reason": approval.reason}
     raise Rejected(approval.reason, approval.status, approval)
 
@@ -160,14 +189,16 @@ def _ask_human_interrupt(
         raise ValueError(f"the interrupt for {action!r} allows no response (every allow_* is false)")
     description = str(value.get("description") or "").strip()
     message = (description or f"Review {action}")[:MAX_MESSAGE]
-    data = {"action": action, "args": args, "allowed": allowed}
+    data = {"action": action, "args": args}
     approval = decided(client, message, data, answer_schema(args, allowed), key, timeout, deadline_seconds)
     if approval.status == "approved":
         return human_response(action, args, approval.answer)
-    if "ignore" in allowed:
-        return {"type": "ignore", "args": None}
-    if "response" in allowed and approval.status == "rejected":
-        return {"type": "response", "args": approval.reason}
+    if approval.status == "rejected":
+        # The reviewer's reason goes back where the interrupt takes text; else it is skipped.
+        if "response" in allowed and (approval.reason or "ignore" not in allowed):
+            return {"type": "response", "args": approval.reason}
+        if "ignore" in allowed:
+            return {"type": "ignore", "args": None}
     raise Rejected(approval.reason, approval.status, approval)
 
 
@@ -182,7 +213,13 @@ def answer_schema(args: Mapping[str, Any], allowed: list[str]) -> dict[str, Any]
             "description": "; ".join(EXPLAINED[each] for each in allowed),
         }
     }
-    schema: dict[str, Any] = {"type": "object", "properties": properties, "required": ["decision"]}
+    # No other answer than this form's (a bulk approval's {approved, comment} is left out).
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": properties,
+        "required": ["decision"],
+        "additionalProperties": False,
+    }
     if "response" in allowed:
         properties["response"] = {"type": "string", "maxLength": 4000, "title": "Response text"}
         # A response says something: its text is asked for when it is the one chosen.
@@ -195,11 +232,14 @@ def answer_schema(args: Mapping[str, Any], allowed: list[str]) -> dict[str, Any]
 
 
 def human_response(action: str, args: Mapping[str, Any], answer: Mapping[str, Any]) -> dict[str, Any]:
-    """Agent Inbox's ``HumanResponse`` for the reviewer's answer."""
+    """Agent Inbox's ``HumanResponse`` for the reviewer's answer. Arguments changed in the form
+    are an edit, whichever response was left chosen: what the reviewer approves is what runs."""
     decision = answer.get("decision")
-    if decision == "edit":
-        edited = {name[len(ARG) :]: value for name, value in answer.items() if name.startswith(ARG)}
-        return {"type": "edit", "args": {"action": action, "args": {**args, **edited}}}
+    changed = edited(
+        args, {name[len(ARG) :]: value for name, value in answer.items() if name.startswith(ARG)}
+    )
+    if decision == "edit" or (decision == "accept" and changed != dict(args)):
+        return {"type": "edit", "args": {"action": action, "args": changed}}
     if decision == "response":
         return {"type": "response", "args": str(answer.get("response") or "")}
     if decision in ("accept", "ignore"):
@@ -211,4 +251,4 @@ def _key(config: Mapping[str, Any], interrupt_id: str) -> str:
     thread = str((config.get("configurable") or {}).get("thread_id", ""))
     if not thread:
         return ""  # no thread, no way to know the same interrupt again
-    return f"langgraph:{thread}:{interrupt_id}"[:255]
+    return f"langgraph:{key_part(thread)}:{key_part(str(interrupt_id))}"

@@ -43,7 +43,7 @@ def ask(
     agent = getattr(getattr(item, "agent", None), "name", "") or ""
     return ask_tool_call(
         client,
-        item.tool_name or item.name or "tool",
+        getattr(item, "qualified_name", None) or item.tool_name or item.name or "tool",
         arguments,
         agent=agent,
         editable=False,

@@ -14,10 +14,11 @@ until it ends; it returns PydanticAI's own run result. The messages stay with th
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from grundlag_client import Client
-from grundlag_client._calls import ask_tool_call
+from grundlag_client._calls import ask_tool_call, key_part
 
 try:
     from pydantic_ai import DeferredToolRequests, DeferredToolResults, ToolDenied
@@ -49,13 +50,18 @@ def decide(
             "your code runs those"
         )
     results = DeferredToolResults()
+    validated = getattr(requests, "validated_args", None) or {}
     for call in requests.approvals:
+        # What the tool would receive (validated, with its defaults), else what the model sent.
+        arguments = validated.get(call.tool_call_id) or call.args_as_dict()
+        # The call's id alone is not enough: a model may use one again for another call.
+        called = json.dumps([call.tool_name, call.tool_call_id, arguments], sort_keys=True, default=str)
         decision = ask_tool_call(
             client,
             call.tool_name,
-            call.args_as_dict(),
+            arguments,
             agent=agent_name,
-            key=f"pydantic-ai:{key}:{call.tool_call_id}"[:255] if key else "",
+            key=f"pydantic-ai:{key_part(key)}:{key_part(called)}" if key else "",
             timeout=timeout,
             deadline_seconds=deadline_seconds,
         )
@@ -80,6 +86,7 @@ def run_with_inbox(
     """``agent.run_sync(prompt, **run)``, each stop for approvals decided in the inbox, until the
     run ends; PydanticAI's run result."""
     result = agent.run_sync(prompt, **run)
+    run.pop("message_history", None)  # from here on, the run's own messages carry it
     while isinstance(result.output, DeferredToolRequests):
         decided = decide(
             result.output,
@@ -103,6 +110,7 @@ async def arun_with_inbox(
 ) -> Any:
     """``run_with_inbox`` with ``agent.run``; the waits run in a thread."""
     result = await agent.run(prompt, **run)
+    run.pop("message_history", None)  # from here on, the run's own messages carry it
     while isinstance(result.output, DeferredToolRequests):
         decided = await asyncio.to_thread(
             decide,
