@@ -135,11 +135,29 @@ def button(
 
 def submission(view: dict[str, Any], values: dict[str, Any], user_id: str) -> dict[str, Any]:
     """The modal ``view`` (as the app opened it) submitted with ``values``: block id -> value
-    (a string, or True for a ticked checkbox)."""
+    (a string, or True / False for a checkbox ticked or not). What ``values`` leaves out is
+    submitted as Slack does, as the view filled it in (its initial options and values)."""
     state: dict[str, Any] = {}
+    for block in view.get("blocks", []):
+        element = block.get("element") or {}
+        if block.get("type") != "input":
+            continue
+        if element.get("type") == "checkboxes":
+            state[block["block_id"]] = {
+                "value": {"type": "checkboxes", "selected_options": element.get("initial_options", [])}
+            }
+        elif element.get("type") == "static_select" and "initial_option" in element:
+            state[block["block_id"]] = {
+                "value": {"type": "static_select", "selected_option": element["initial_option"]}
+            }
+        elif "initial_value" in element:
+            state[block["block_id"]] = {
+                "value": {"type": "plain_text_input", "value": element["initial_value"]}
+            }
     for block_id, value in values.items():
-        if value is True:
-            state[block_id] = {"value": {"type": "checkboxes", "selected_options": [{"value": "on"}]}}
+        if value is True or value is False:
+            ticked = [{"value": "on"}] if value else []
+            state[block_id] = {"value": {"type": "checkboxes", "selected_options": ticked}}
         else:
             state[block_id] = {"value": {"type": "plain_text_input", "value": value}}
     return {

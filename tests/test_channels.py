@@ -480,7 +480,11 @@ def test_an_answer_model_is_asked_for_in_a_modal(
     assert done.status_code == 200
     interrupt.refresh_from_db()
     assert interrupt.status == "approved" and interrupt.answer["ticket"] == "T-100"
-    assert interrupt.answer["notify_customer"] is False
+    # Left as the modal filled them in: the model's defaults, not unticked or empty.
+    assert interrupt.answer["notify_customer"] is True and interrupt.answer["scope"] == "personal_data"
+    inputs = {b["block_id"]: b["element"] for b in view["blocks"] if b["type"] == "input"}
+    assert inputs["answer-notify_customer"]["initial_options"][0]["value"] == "on"
+    assert inputs["answer-scope"]["initial_option"]["value"] == "personal_data"
 
 
 def test_unsigned_stale_unmapped_or_unauthorised_clicks_change_nothing(
