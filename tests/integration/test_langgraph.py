@@ -17,8 +17,9 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
 from grundlag_client import Client, Rejected, TimedOut
-from grundlag_client.langgraph import arun_with_inbox, run_with_inbox
-from tests.integration.processes import Server, Site, decide_when_asked, logged_in_reviewer
+from grundlag_client.langgraph import arun_with_inbox, ask_inbox, resume_from_webhook, run_with_inbox
+from tests.integration.processes import Server, Site, decide, decide_when_asked, logged_in_reviewer, wait_for
+from tests.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.integration
 
@@ -27,9 +28,9 @@ class State(TypedDict):
     heard: Annotated[list[Any], operator.add]
 
 
-def graph_of(*asks: Any) -> Any:
+def graph_of(*asks: Any, saver: Any = None) -> Any:
     """A graph of one node per value in ``asks``, each pausing with it and keeping what it
-    resumed with, on LangGraph's own in-memory checkpointer."""
+    resumed with, on LangGraph's own in-memory checkpointer (``saver``: a given one)."""
     builder = StateGraph(State)
     previous = START
     for n, value in enumerate(asks):
@@ -41,7 +42,7 @@ def graph_of(*asks: Any) -> Any:
         builder.add_edge(previous, f"ask{n}")
         previous = f"ask{n}"
     builder.add_edge(previous, END)
-    return builder.compile(checkpointer=InMemorySaver())
+    return builder.compile(checkpointer=saver or InMemorySaver())
 
 
 def human_interrupt(**allowed: bool) -> dict[str, Any]:
@@ -152,3 +153,41 @@ def test_an_async_graph_waits_without_blocking_its_event_loop(web: Server, clien
     reviewer.join(30)
     assert result["heard"] == [{"type": "accept", "args": None}]
     assert ticks > 5, "the loop went on while the inbox was asked"
+
+
+def test_server_mode_asks_returns_and_a_webhook_resumes_the_thread_in_another_graph(
+    site: Site, client: Client
+) -> None:
+    """ask_inbox asks and returns; the team's run.finished webhook (a real delivery, verified)
+    reaches a handler with another graph object on the same checkpointer (another process's),
+    which resumes the thread and asks its next question; a webhook delivered again changes
+    nothing."""
+    site.env["GRUNDLAG_WEBHOOK_ALLOW_PRIVATE"] = "true"
+    web = site.serve()
+    receiver = Receiver()
+    try:
+        with Client(web.url, site.token, timeout=10) as api:
+            hook = api._request(
+                "POST", "/api/webhooks", json={"url": receiver.url, "events": ["run.finished"]}
+            )
+            saver = InMemorySaver()
+            asks = (human_interrupt(accept=True, edit=True), "Ship release 2.3?")
+            config = {"configurable": {"thread_id": "t-server"}}
+            (first,) = ask_inbox(graph_of(*asks, saver=saver), {"heard": []}, config, client=api)
+            assert first.status == "pending" and first.data["langgraph"]["thread_id"] == "t-server"
+            assert first.interrupt_id is not None
+            decide(web, first.interrupt_id, approve=True, fields={"answer-decision": "accept"})
+            (event,) = wait_for(lambda: receiver.verified(hook["secret"]) or None, 20, "the webhook")
+            handler_graph = graph_of(*asks, saver=saver)  # what another process compiles
+            resumed = resume_from_webhook(handler_graph, event, client=api)
+            assert resumed["heard"] == [{"type": "accept", "args": None}]
+            assert resume_from_webhook(handler_graph, event, client=api) is None  # sent again
+            (second,) = list(api.interrupts(status="pending"))
+            assert second.message == "Ship release 2.3?"
+            decide(web, second.id, approve=True, fields={"answer-comment": "go"})
+            events = wait_for(lambda: receiver.verified(hook["secret"])[1:] or None, 20, "the second")
+            done = resume_from_webhook(handler_graph, events[0], client=api)
+            assert done["heard"][1]["approved"] is True
+            assert handler_graph.get_state(config).next == ()
+    finally:
+        receiver.stop()

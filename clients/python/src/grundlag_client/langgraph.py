@@ -26,10 +26,11 @@ id: a process that died while it waited, run again, finds the same approval, not
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from grundlag_client import Client, Rejected
+from grundlag_client import Approval, Client, Rejected
 from grundlag_client._calls import MAX_MESSAGE, as_json, decided, edited, key_part, type_of
 
 try:
@@ -39,7 +40,14 @@ except ImportError as exc:  # pragma: no cover - said once, plainly
         'grundlag_client.langgraph needs LangGraph: pip install "grundlag-client[langgraph]"'
     ) from exc
 
-__all__ = ["arun_with_inbox", "ask", "is_human_interrupt", "run_with_inbox"]
+__all__ = [
+    "arun_with_inbox",
+    "ask",
+    "ask_inbox",
+    "is_human_interrupt",
+    "resume_from_webhook",
+    "run_with_inbox",
+]
 
 RESPONSES = {
     "allow_accept": "accept",
@@ -147,24 +155,22 @@ def ask(
     resume_rejected: bool = False,
 ) -> Any:
     """Ask the team about one interrupt's value and wait for the decision; what to resume with."""
-    value = as_json(value)
-    if is_human_interrupt(value):
-        return _ask_human_interrupt(client, value, key, timeout, deadline_seconds)
-    if isinstance(value, list) and value and all(is_human_interrupt(each) for each in value):
-        return [
-            _ask_human_interrupt(client, each, f"{key}:{n}" if key else "", timeout, deadline_seconds)
-            for n, each in enumerate(value)
-        ]
-    text = value.strip() if isinstance(value, str) else ""
-    message = text[:MAX_MESSAGE] if text else "Approve this step?"
-    # A question longer than the inbox's title is shown whole as its data.
-    data = {"text": value} if len(text) > MAX_MESSAGE else (None if isinstance(value, str) else value)
-    approval = decided(client, message, data, None, key, timeout, deadline_seconds)
-    if approval.status == "approved":
-        return approval.answer
-    if approval.status == "rejected" and resume_rejected:
-        return {"approved": False, "reason": approval.reason}
-    raise Rejected(approval.reason, approval.status, approval)
+    questions, listed = _questions(value, resume_rejected)
+    answers = [
+        question.answer(
+            decided(
+                client,
+                question.message,
+                question.data,
+                question.schema,
+                _part(key, n, listed),
+                timeout,
+                deadline_seconds,
+            )
+        )
+        for n, question in enumerate(questions)
+    ]
+    return answers if listed else answers[0]
 
 
 def is_human_interrupt(value: Any) -> bool:
@@ -178,9 +184,45 @@ def is_human_interrupt(value: Any) -> bool:
     )
 
 
-def _ask_human_interrupt(
-    client: Client, value: Mapping[str, Any], key: str, timeout: float | None, deadline_seconds: int | None
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Question:
+    """An interrupt's value as the inbox asks it, and how its decision answers the graph."""
+
+    message: str
+    data: Any
+    schema: dict[str, Any] | None
+    answer: Callable[[Approval], Any]
+
+
+def _questions(
+    value: Any, resume_rejected: bool, meta: dict[str, Any] | None = None
+) -> tuple[list[_Question], bool]:
+    """The questions an interrupt's value asks (several for a list of HumanInterrupts, as
+    Agent Inbox sends them: then answered as a list too). ``meta``: the thread and interrupt,
+    kept in the question's data (server mode: the webhook's handler finds the thread by it)."""
+    value = as_json(value)
+    if is_human_interrupt(value):
+        return [_human_question(value, meta)], False
+    if isinstance(value, list) and value and all(is_human_interrupt(each) for each in value):
+        return [_human_question(each, meta and {**meta, "part": n}) for n, each in enumerate(value)], True
+    text = value.strip() if isinstance(value, str) else ""
+    message = text[:MAX_MESSAGE] if text else "Approve this step?"
+    # A question longer than the inbox's title is shown whole as its data.
+    data = {"text": value} if len(text) > MAX_MESSAGE else (None if isinstance(value, str) else value)
+    if meta is not None:
+        data = {**({"question": data} if data is not None else {}), "langgraph": meta}
+
+    def answer(approval: Approval) -> Any:
+        if approval.status == "approved":
+            return approval.answer
+        if approval.status == "rejected" and resume_rejected:
+            return {"approved": False, "reason": approval.reason}
+        raise Rejected(approval.reason, approval.status, approval)
+
+    return [_Question(message, data, None, answer)], False
+
+
+def _human_question(value: Mapping[str, Any], meta: dict[str, Any] | None) -> _Question:
     action = value["action_request"]["action"]
     args = dict(value["action_request"].get("args") or {})
     config = value["config"]
@@ -189,17 +231,121 @@ def _ask_human_interrupt(
         raise ValueError(f"the interrupt for {action!r} allows no response (every allow_* is false)")
     description = str(value.get("description") or "").strip()
     message = (description or f"Review {action}")[:MAX_MESSAGE]
-    data = {"action": action, "args": args}
-    approval = decided(client, message, data, answer_schema(args, allowed), key, timeout, deadline_seconds)
-    if approval.status == "approved":
-        return human_response(action, args, approval.answer)
-    if approval.status == "rejected":
-        # The reviewer's reason goes back where the interrupt takes text; else it is skipped.
-        if "response" in allowed and (approval.reason or "ignore" not in allowed):
-            return {"type": "response", "args": approval.reason}
-        if "ignore" in allowed:
-            return {"type": "ignore", "args": None}
-    raise Rejected(approval.reason, approval.status, approval)
+    data = {"action": action, "args": args, **({"langgraph": meta} if meta is not None else {})}
+
+    def answer(approval: Approval) -> dict[str, Any]:
+        if approval.status == "approved":
+            return human_response(action, args, approval.answer)
+        if approval.status == "rejected":
+            # The reviewer's reason goes back where the interrupt takes text; else it is skipped.
+            if "response" in allowed and (approval.reason or "ignore" not in allowed):
+                return {"type": "response", "args": approval.reason}
+            if "ignore" in allowed:
+                return {"type": "ignore", "args": None}
+        raise Rejected(approval.reason, approval.status, approval)
+
+    return _Question(message, data, answer_schema(args, allowed), answer)
+
+
+def _part(key: str, n: int, listed: bool) -> str:
+    return f"{key}:{n}" if key and listed else key
+
+
+# Server mode: ask, return, and resume the thread when the team's webhook says it was decided.
+
+
+def ask_inbox(
+    graph: Any,
+    input: Any,
+    config: Mapping[str, Any],
+    *,
+    client: Client,
+    deadline_seconds: int | None = None,
+) -> list[Approval]:
+    """Invoke ``graph`` until it pauses, ask the team each of its interrupts, and return at
+    once with the approvals asked (none: the graph ended). The graph's state stays in its
+    checkpointer; when the team decides, its ``run.finished`` webhook reaches your service,
+    whose handler calls ``resume_from_webhook``, in whichever process gets it."""
+    graph.invoke(input, config)
+    return _ask_pending(graph, _latest(config), client, deadline_seconds)
+
+
+def resume_from_webhook(
+    graph: Any,
+    event: Mapping[str, Any],
+    *,
+    client: Client,
+    config: Mapping[str, Any] | None = None,
+    deadline_seconds: int | None = None,
+    resume_rejected: bool = False,
+) -> Any:
+    """Resume the thread a decided question belongs to. ``event``: the body of a
+    ``run.finished`` webhook, verified. ``config``: what your graph needs besides the thread
+    (the thread comes from the question). Returns the graph's result, having asked the
+    questions it paused with next; None when the event is not about one of this graph's
+    questions, the thread was resumed already (a webhook sent again), or it still waits for
+    another part of the same interrupt. Give the same ``deadline_seconds`` as ``ask_inbox``.
+    Handle one thread's webhooks one at a time (a thread resumed twice at once would race in
+    the checkpointer)."""
+    data = event.get("data") or {}
+    if event.get("type") != "run.finished" or data.get("consumer") != "approval":
+        return None
+    approval = client.get_approval(int(data["id"]))
+    meta = approval.data.get("langgraph") if isinstance(approval.data, Mapping) else None
+    if not isinstance(meta, Mapping) or not meta.get("thread_id"):
+        return None
+    configurable = {**((config or {}).get("configurable") or {}), "thread_id": meta["thread_id"]}
+    thread = _latest({**(config or {}), "configurable": configurable})
+    interrupt = next(
+        (i for i in graph.get_state(thread).interrupts if i.id == meta.get("interrupt_id")), None
+    )
+    if interrupt is None:
+        return None
+    questions, asked, listed = _post(client, thread, interrupt, deadline_seconds, resume_rejected)
+    decisions = [client.get_approval(each.id) for each in asked]  # a replayed ask is as first answered
+    if any(each.status == "pending" for each in decisions):
+        return None
+    answers = [question.answer(each) for question, each in zip(questions, decisions, strict=True)]
+    result = graph.invoke(Command(resume={interrupt.id: answers if listed else answers[0]}), thread)
+    _ask_pending(graph, thread, client, deadline_seconds)
+    return result
+
+
+def _ask_pending(
+    graph: Any, config: Mapping[str, Any], client: Client, deadline_seconds: int | None
+) -> list[Approval]:
+    asked: list[Approval] = []
+    for interrupt in _pending(graph.get_state(config)):
+        asked += _post(client, config, interrupt, deadline_seconds)[1]
+    return asked
+
+
+def _post(
+    client: Client,
+    config: Mapping[str, Any],
+    interrupt: Any,
+    deadline_seconds: int | None,
+    resume_rejected: bool = False,
+) -> tuple[list[_Question], list[Approval], bool]:
+    """Ask an interrupt's questions without waiting; asked again, the same approvals (the
+    same Idempotency-Keys and bodies)."""
+    thread = str((config.get("configurable") or {}).get("thread_id", ""))
+    if not thread:
+        raise ValueError("server mode needs the graph's thread: config['configurable']['thread_id']")
+    meta = {"thread_id": thread, "interrupt_id": interrupt.id}
+    questions, listed = _questions(interrupt.value, resume_rejected, meta)
+    key = "langgraph-server:" + _key(config, interrupt.id).removeprefix("langgraph:")
+    asked = [
+        client.create_approval(
+            question.message,
+            question.data,
+            answer_schema=question.schema,
+            deadline_seconds=deadline_seconds,
+            idempotency_key=_part(key, n, listed),
+        )
+        for n, question in enumerate(questions)
+    ]
+    return questions, asked, listed
 
 
 def answer_schema(args: Mapping[str, Any], allowed: list[str]) -> dict[str, Any]:
