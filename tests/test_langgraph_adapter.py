@@ -131,3 +131,11 @@ def test_a_graph_stopped_at_a_breakpoint_is_not_taken_for_one_that_ended() -> No
         run_with_inbox(
             graph_with_a_breakpoint(), {"n": 0}, {"configurable": {"thread_id": "b"}}, client=client
         )
+
+
+def test_multi_line_text_left_alone_under_accept_stays_an_accept() -> None:
+    args = {"body": "Dear ACME,\nplease pay.", "to": "ops@acme.example"}
+    form = answer_schema(args, ["accept", "edit"])
+    assert form["properties"]["args.body"]["maxLength"] > 200  # a text box, which keeps its lines
+    posted = {"decision": "accept", "args.body": "Dear ACME,\r\nplease pay.", "args.to": "ops@acme.example"}
+    assert human_response("send", args, posted) == {"type": "accept", "args": None}

@@ -10,7 +10,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.integration.processes import Site, base_env
+from grundlag_client import Client
+from tests.integration.processes import Server, Site, base_env
 from tests.integration.services import Postgres, Redis
 
 TEST_ACTIONS = "actions.examples,tests.integration.effects"
@@ -109,3 +110,16 @@ def scaled_site(
     site.postgres, site.redis = postgres, redis_server
     yield site
     _finish(site, request)
+
+
+@pytest.fixture
+def web(site: Site) -> Server:
+    """`make run`'s server (`manage.py serve`) on the site's SQLite file."""
+    return site.serve()
+
+
+@pytest.fixture
+def grundlag(web: Server, site: Site) -> Iterator[Client]:
+    """The Python client (clients/python) on ``web``, with the demo team's token."""
+    with Client(web.url, site.token, timeout=10) as api:
+        yield api

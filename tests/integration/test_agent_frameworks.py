@@ -6,7 +6,6 @@ browser would (approves, edits, rejects), and the framework's run ends with exac
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,22 +21,11 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from grundlag_client import Client
 from grundlag_client import openai_agents as with_openai_agents
 from grundlag_client import pydantic_ai as with_pydantic_ai
-from tests.integration.processes import Server, Site, decide_when_asked
+from tests.integration.processes import Server, decide_when_asked
 
 pytestmark = pytest.mark.integration
 
 CALL = {"invoice_id": "AF-1", "amount": 900}
-
-
-@pytest.fixture
-def web(site: Site) -> Server:
-    return site.serve()
-
-
-@pytest.fixture
-def client(web: Server, site: Site) -> Iterator[Client]:
-    with Client(web.url, site.token, timeout=10) as api:
-        yield api
 
 
 # PydanticAI: FunctionModel proposes the call, then says what the tool returned.
@@ -66,31 +54,31 @@ def biller() -> tuple[Agent[None, Any], list[dict[str, Any]]]:
 
 
 def test_pydantic_ai_runs_the_call_with_the_arguments_the_reviewer_edited(
-    web: Server, client: Client
+    web: Server, grundlag: Client
 ) -> None:
     agent, sent = biller()
     reviewer = decide_when_asked(
         web, approve=True, fields={"answer-invoice_id": "AF-1", "answer-amount": "90"}
     )
-    result = with_pydantic_ai.run_with_inbox(agent, "bill ACME", client=client, timeout=60)
+    result = with_pydantic_ai.run_with_inbox(agent, "bill ACME", client=grundlag, timeout=60)
     reviewer.join(30)
     assert sent == [{"invoice_id": "AF-1", "amount": 90}]
     assert result.output == "tool said: sent AF-1 for 90"
-    (asked,) = list(client.interrupts())
+    (asked,) = list(grundlag.interrupts())
     assert asked.message == "biller wants to call send_invoice?"
     assert asked.data == {"tool": "send_invoice", "arguments": CALL, "agent": "biller"}
 
 
-def test_pydantic_ai_approved_as_proposed_and_rejected_with_the_reason(web: Server, client: Client) -> None:
+def test_pydantic_ai_approved_as_proposed_and_rejected_with_the_reason(web: Server, grundlag: Client) -> None:
     agent, sent = biller()
     reviewer = decide_when_asked(
         web, approve=True, fields={"answer-invoice_id": "AF-1", "answer-amount": "900"}
     )
-    result = with_pydantic_ai.run_with_inbox(agent, "bill ACME", client=client, timeout=60)
+    result = with_pydantic_ai.run_with_inbox(agent, "bill ACME", client=grundlag, timeout=60)
     reviewer.join(30)
     assert sent == [CALL] and result.output == "tool said: sent AF-1 for 900"
     reviewer = decide_when_asked(web, approve=False)
-    result = with_pydantic_ai.run_with_inbox(agent, "bill ACME", client=client, timeout=60)
+    result = with_pydantic_ai.run_with_inbox(agent, "bill ACME", client=grundlag, timeout=60)
     reviewer.join(30)
     assert sent == [CALL], "a rejected call never runs"
     assert result.output == "tool said: not this week"
@@ -123,7 +111,7 @@ class ProposesThenReports(Model):
 
 
 @pytest.mark.parametrize("approve", [True, False], ids=["approved", "rejected"])
-def test_openai_agents_runs_the_call_only_when_approved(web: Server, client: Client, approve: bool) -> None:
+def test_openai_agents_runs_the_call_only_when_approved(web: Server, grundlag: Client, approve: bool) -> None:
     set_tracing_disabled(True)  # the SDK would export its traces to OpenAI
     sent: list[dict[str, Any]] = []
 
@@ -135,9 +123,9 @@ def test_openai_agents_runs_the_call_only_when_approved(web: Server, client: Cli
 
     agent = OpenAIAgent(name="Biller", model=ProposesThenReports(), tools=[send_invoice])
     reviewer = decide_when_asked(web, approve=approve)
-    result = with_openai_agents.run_with_inbox(agent, "bill ACME", client=client, timeout=60)
+    result = with_openai_agents.run_with_inbox(agent, "bill ACME", client=grundlag, timeout=60)
     reviewer.join(30)
-    (asked,) = list(client.interrupts())
+    (asked,) = list(grundlag.interrupts())
     assert asked.message == "Biller wants to call send_invoice?"
     assert asked.data["arguments"] == CALL
     if approve:

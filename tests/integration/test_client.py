@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -19,17 +18,6 @@ from tests.integration.processes import Server, Site, decide_when_asked
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def web(site: Site) -> Server:
-    return site.serve()
-
-
-@pytest.fixture
-def client(web: Server, site: Site) -> Iterator[Client]:
-    with Client(web.url, site.token, timeout=10) as api:
-        yield api
-
-
 SCHEMA = {
     "type": "object",
     "properties": {"window": {"type": "string", "enum": ["tonight", "weekend"]}},
@@ -37,27 +25,27 @@ SCHEMA = {
 }
 
 
-def test_request_approval_blocks_until_a_reviewer_answers(web: Server, client: Client) -> None:
+def test_request_approval_blocks_until_a_reviewer_answers(web: Server, grundlag: Client) -> None:
     reviewer = decide_when_asked(web, approve=True, fields={"answer-window": "tonight"})
-    answer = client.request_approval(
+    answer = grundlag.request_approval(
         "Deploy billing 2.3?", {"service": "billing"}, answer_schema=SCHEMA, timeout=30
     )
     reviewer.join(30)
     assert answer == {"window": "tonight"}
 
 
-def test_a_rejection_raises_with_the_reviewers_reason(web: Server, client: Client) -> None:
+def test_a_rejection_raises_with_the_reviewers_reason(web: Server, grundlag: Client) -> None:
     reviewer = decide_when_asked(web, approve=False)
     with pytest.raises(Rejected) as rejected:
-        client.request_approval("Rotate the signing key?", timeout=30)
+        grundlag.request_approval("Rotate the signing key?", timeout=30)
     reviewer.join(30)
     assert rejected.value.status == "rejected" and rejected.value.reason == "not this week"
 
 
-def test_the_decorator_runs_the_function_only_once_approved(web: Server, client: Client) -> None:
+def test_the_decorator_runs_the_function_only_once_approved(web: Server, grundlag: Client) -> None:
     refunded: list[tuple[str, int, Any]] = []
 
-    @requires_approval(client, "Refund {amount} EUR to {customer}?", timeout=30)
+    @requires_approval(grundlag, "Refund {amount} EUR to {customer}?", timeout=30)
     def refund(customer: str, amount: int, approval: Any = None) -> str:
         refunded.append((customer, amount, approval))
         return "done"
@@ -66,7 +54,7 @@ def test_the_decorator_runs_the_function_only_once_approved(web: Server, client:
     assert refund("cus_9", 40) == "done"
     reviewer.join(30)
     assert refunded == [("cus_9", 40, {"approved": True, "comment": "ok"})]
-    (approval,) = list(client.runs(consumer="approval"))
+    (approval,) = list(grundlag.runs(consumer="approval"))
     assert approval.status == "completed"
 
     reviewer = decide_when_asked(web, approve=False)
@@ -76,30 +64,30 @@ def test_the_decorator_runs_the_function_only_once_approved(web: Server, client:
     assert len(refunded) == 1
 
 
-def test_timed_out_leaves_it_pending_or_cancels_it(client: Client) -> None:
+def test_timed_out_leaves_it_pending_or_cancels_it(grundlag: Client) -> None:
     with pytest.raises(TimedOut) as timed_out:
-        client.request_approval("Anyone there?", timeout=1)
-    assert client.get_approval(timed_out.value.id).status == "pending"
+        grundlag.request_approval("Anyone there?", timeout=1)
+    assert grundlag.get_approval(timed_out.value.id).status == "pending"
     with pytest.raises(TimedOut) as cancelled:
-        client.request_approval("Still there?", timeout=1, cancel_on_timeout=True)
-    assert client.get_approval(cancelled.value.id).status == "cancelled"
+        grundlag.request_approval("Still there?", timeout=1, cancel_on_timeout=True)
+    assert grundlag.get_approval(cancelled.value.id).status == "cancelled"
 
 
-def test_runs_are_started_answered_and_listed(client: Client) -> None:
-    run = client.start_run("send_invoice", {"invoice_id": "CL-1", "amount": 5}, wait=20)
+def test_runs_are_started_answered_and_listed(grundlag: Client) -> None:
+    run = grundlag.start_run("send_invoice", {"invoice_id": "CL-1", "amount": 5}, wait=20)
     assert run.status == "interrupted" and run.interrupt is not None
     assert run.interrupt.message == "Approve sending the invoice?"
-    done = client.resume(run.interrupt.id, {"approved": True}, wait=20)
+    done = grundlag.resume(run.interrupt.id, {"approved": True}, wait=20)
     assert done.status == "completed" and done.output["invoice_id"] == "CL-1"
 
     for n in range(3):
-        client.start_run("send_invoice", {"invoice_id": f"CL-{n + 2}", "amount": 1})
-    listed = list(client.runs(action="send_invoice", limit=2))
+        grundlag.start_run("send_invoice", {"invoice_id": f"CL-{n + 2}", "amount": 1})
+    listed = list(grundlag.runs(action="send_invoice", limit=2))
     assert len(listed) == 4 and len({each.id for each in listed}) == 4
-    assert [client.wait(each.id, timeout=20).status for each in listed[:3]] == ["interrupted"] * 3
-    pending = list(client.interrupts(status="pending", limit=2))
+    assert [grundlag.wait(each.id, timeout=20).status for each in listed[:3]] == ["interrupted"] * 3
+    pending = list(grundlag.interrupts(status="pending", limit=2))
     assert len(pending) == 3
-    rejected = client.reject(pending[0].id, "wrong amount", wait=20)
+    rejected = grundlag.reject(pending[0].id, "wrong amount", wait=20)
     assert rejected.status == "rejected"
 
 

@@ -54,19 +54,8 @@ def human_interrupt(**allowed: bool) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def web(site: Site) -> Server:
-    return site.serve()
-
-
-@pytest.fixture
-def client(web: Server, site: Site) -> Any:
-    with Client(web.url, site.token, timeout=10) as api:
-        yield api
-
-
 def test_an_agent_inbox_interrupt_is_edited_in_the_inbox_and_the_graph_runs_with_the_edit(
-    web: Server, client: Client
+    web: Server, grundlag: Client
 ) -> None:
     graph = graph_of(human_interrupt(accept=True, edit=True, respond=True, ignore=True))
     reviewer = decide_when_asked(
@@ -74,21 +63,21 @@ def test_an_agent_inbox_interrupt_is_edited_in_the_inbox_and_the_graph_runs_with
         approve=True,
         fields={"answer-decision": "edit", "answer-args.invoice_id": "LG-1", "answer-args.amount": "90"},
     )
-    result = run_with_inbox(graph, {"heard": []}, {"configurable": {"thread_id": "t-edit"}}, client=client)
+    result = run_with_inbox(graph, {"heard": []}, {"configurable": {"thread_id": "t-edit"}}, client=grundlag)
     reviewer.join(30)
     assert result["heard"] == [
         {"type": "edit", "args": {"action": "send_invoice", "args": {"invoice_id": "LG-1", "amount": 90}}}
     ]
-    (asked,) = list(client.interrupts(status="approved"))
+    (asked,) = list(grundlag.interrupts(status="approved"))
     assert asked.message == "Send invoice LG-1 to ACME?"
 
 
-def test_the_page_offers_exactly_the_responses_the_interrupt_allows(web: Server, client: Client) -> None:
+def test_the_page_offers_exactly_the_responses_the_interrupt_allows(web: Server, grundlag: Client) -> None:
     graph = graph_of([human_interrupt(accept=True, respond=True)])  # a list, as Agent Inbox sends
     config = {"configurable": {"thread_id": "t-page"}}
     with pytest.raises(TimedOut):
-        run_with_inbox(graph, {"heard": []}, config, client=client, timeout=0.5)
-    (pending,) = list(client.interrupts(status="pending"))
+        run_with_inbox(graph, {"heard": []}, config, client=grundlag, timeout=0.5)
+    (pending,) = list(grundlag.interrupts(status="pending"))
     reviewer = logged_in_reviewer(web)
     page = reviewer.get(f"/interrupts/{pending.id}/").text
     reviewer.close()
@@ -98,14 +87,14 @@ def test_the_page_offers_exactly_the_responses_the_interrupt_allows(web: Server,
     assert 'name="answer-args.amount"' not in page  # no editing where the config allows none
     # Rejected in the inbox: a response with the reviewer's reason, in a list as it was asked.
     reviewer_thread = decide_when_asked(web, approve=False)
-    result = run_with_inbox(graph, None, config, client=client)  # the same thread, picked up again
+    result = run_with_inbox(graph, None, config, client=grundlag)  # the same thread, picked up again
     reviewer_thread.join(30)
     assert result["heard"] == [[{"type": "response", "args": "not this week"}]]
-    assert len(list(client.interrupts())) == 1, "picked up again, it asked no second time"
+    assert len(list(grundlag.interrupts())) == 1, "picked up again, it asked no second time"
 
 
 def test_plain_interrupts_are_approvals_and_a_rejection_stops_the_graph_unless_it_takes_one(
-    web: Server, client: Client
+    web: Server, grundlag: Client
 ) -> None:
     graph = graph_of("Ship release 2.3?", {"deploy": "billing", "window": "tonight"})
     config = {"configurable": {"thread_id": "t-plain"}}
@@ -119,18 +108,18 @@ def test_plain_interrupts_are_approvals_and_a_rejection_stops_the_graph_unless_i
     # A rejection is not a truthy answer the graph could take for a yes: it raises, and the
     # graph stays where it paused.
     with pytest.raises(Rejected) as rejected:
-        run_with_inbox(graph, {"heard": []}, config, client=client, timeout=60)
+        run_with_inbox(graph, {"heard": []}, config, client=grundlag, timeout=60)
     assert rejected.value.reason == "not this week"
     assert graph.get_state(config).next == ("ask1",)
     # A graph that handles a no is resumed with it (the same approval: asked no second time).
-    result = run_with_inbox(graph, None, config, client=client, resume_rejected=True)
+    result = run_with_inbox(graph, None, config, client=grundlag, resume_rejected=True)
     assert result["heard"][0]["approved"] is True
     assert result["heard"][1] == {"approved": False, "reason": "not this week"}
-    asked = {it.message: it for it in client.interrupts()}
+    asked = {it.message: it for it in grundlag.interrupts()}
     assert set(asked) == {"Ship release 2.3?", "Approve this step?"}
 
 
-def test_an_async_graph_waits_without_blocking_its_event_loop(web: Server, client: Client) -> None:
+def test_an_async_graph_waits_without_blocking_its_event_loop(web: Server, grundlag: Client) -> None:
     graph = graph_of(human_interrupt(accept=True))
     reviewer = decide_when_asked(web, approve=True, fields={"answer-decision": "accept"})
 
@@ -145,7 +134,7 @@ def test_an_async_graph_waits_without_blocking_its_event_loop(web: Server, clien
 
         ticking = asyncio.create_task(tick())
         config = {"configurable": {"thread_id": "t-async"}}
-        result = await arun_with_inbox(graph, {"heard": []}, config, client=client)
+        result = await arun_with_inbox(graph, {"heard": []}, config, client=grundlag)
         ticking.cancel()
         return result, ticks
 
@@ -155,9 +144,7 @@ def test_an_async_graph_waits_without_blocking_its_event_loop(web: Server, clien
     assert ticks > 5, "the loop went on while the inbox was asked"
 
 
-def test_server_mode_asks_returns_and_a_webhook_resumes_the_thread_in_another_graph(
-    site: Site, client: Client
-) -> None:
+def test_server_mode_asks_returns_and_a_webhook_resumes_the_thread_in_another_graph(site: Site) -> None:
     """ask_inbox asks and returns; the team's run.finished webhook (a real delivery, verified)
     reaches a handler with another graph object on the same checkpointer (another process's),
     which resumes the thread and asks its next question; a webhook delivered again changes

@@ -9,6 +9,10 @@
  */
 
 export const MAX_WAIT_SECONDS = 30;
+// How long a retry waits out "still being answered" (409 with Retry-After) for the first
+// attempt, as the Python client does; and how long one attempt may take beyond its wait.
+const IN_USE_PATIENCE_SECONDS = 120;
+const ATTEMPT_MARGIN_SECONDS = 30;
 const RETRIED = new Set([429, 502, 503, 504]);
 
 /** What deciding an interrupt requires (its decision contract, settled when it was made). */
@@ -299,8 +303,16 @@ export class Grundlag {
         approval = await this.waitForApproval(approval.id, { timeoutSeconds: remaining });
       }
     } catch (error) {
-      if (error instanceof TimedOut && options.cancelOnTimeout) await this.cancelApproval(approval.id);
-      throw error;
+      if (!(error instanceof TimedOut && options.cancelOnTimeout)) throw error;
+      try {
+        await this.cancelApproval(approval.id);
+        throw error;
+      } catch (refused) {
+        // Decided just before the cancel (409): the decision stands, and is the answer.
+        if (!(refused instanceof ApiError && refused.status === 409)) throw refused;
+        approval = await this.getApproval(approval.id);
+        if (approval.status === "pending") throw error;
+      }
     }
     if (approval.status !== "approved") throw new Rejected(approval.reason, approval.status, approval);
     return approval.answer;
@@ -381,14 +393,15 @@ export class Grundlag {
     if (call.body !== undefined) headers["Content-Type"] = "application/json";
     if (call.key) headers["Idempotency-Key"] = call.key;
     if (call.wait && call.wait > 0) headers.Prefer = `wait=${Math.max(1, Math.min(Math.floor(call.wait), MAX_WAIT_SECONDS))}`;
-    const init: RequestInit = { method, headers, body: call.body === undefined ? undefined : JSON.stringify(call.body) };
+    const body = call.body === undefined ? undefined : JSON.stringify(call.body);
     // While the first attempt is being answered (held by its wait), retries are told so.
-    const patience = Date.now() + (MAX_WAIT_SECONDS + 5) * 1000;
+    const patience = Date.now() + IN_USE_PATIENCE_SECONDS * 1000;
+    const limit = ((call.wait ?? 0) + ATTEMPT_MARGIN_SECONDS) * 1000; // a hung connection ends
     let delay = 500;
     for (let attempt = 1; ; attempt++) {
       let response: Response;
       try {
-        response = await this.fetch(url, init);
+        response = await this.fetch(url, { method, headers, body, signal: AbortSignal.timeout(limit) });
       } catch (error) {
         if (attempt >= this.attempts || (method === "POST" && !call.key)) throw error;
         await sleep(delay);
@@ -474,7 +487,10 @@ export async function verifyWebhook(
   now: Date = new Date(),
 ): Promise<unknown> {
   const header = (name: string): string => {
-    const value = headers instanceof Headers ? headers.get(name) : (headers[name] ?? headers[name.toLowerCase()]);
+    const value =
+      headers instanceof Headers
+        ? headers.get(name)
+        : Object.entries(headers).find(([key]) => key.toLowerCase() === name)?.[1];
     const one = Array.isArray(value) ? value[0] : value;
     if (!one) throw new WebhookVerificationError(`missing the ${name} header`);
     return one;

@@ -131,6 +131,11 @@ test("verifyWebhook accepts Standard Webhooks' test vector and nothing changed i
   await assert.rejects(verifyWebhook(VECTOR.secret, VECTOR.headers, VECTOR.body, later), refused);
   const forged = { ...VECTOR.headers, "webhook-id": "msg_other" };
   await assert.rejects(verifyWebhook(VECTOR.secret, forged, VECTOR.body, VECTOR.at), refused);
+  const titled = Object.fromEntries(Object.entries(VECTOR.headers).map(([k, v]) => [k.replace(/^w/, "W"), v]));
+  assert.deepEqual(await verifyWebhook(VECTOR.secret, titled, VECTOR.body, VECTOR.at), { test: 2432232314 });
+  assert.deepEqual(await verifyWebhook(VECTOR.secret, new Headers(VECTOR.headers), VECTOR.body, VECTOR.at), {
+    test: 2432232314,
+  });
   const { "webhook-signature": _, ...unsigned } = VECTOR.headers;
   await assert.rejects(verifyWebhook(VECTOR.secret, unsigned, VECTOR.body, VECTOR.at), refused);
 });

@@ -402,9 +402,18 @@ class Client:
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 approval = self.wait_for_approval(approval.id, timeout=remaining)
         except TimedOut:
-            if cancel_on_timeout:
+            if not cancel_on_timeout:
+                raise
+            try:
                 self.cancel_approval(approval.id)
-            raise
+                raise
+            except ApiError as refused:
+                # Decided just before the cancel (409): the decision stands, and is the answer.
+                if refused.status != 409:
+                    raise
+                approval = self.get_approval(approval.id)
+                if not approval.decided:
+                    raise TimedOut(approval.id) from None
         if approval.status != "approved":
             raise Rejected(approval.reason, approval.status, approval)
         return approval.answer

@@ -26,12 +26,21 @@ id: a process that died while it waited, run again, finds the same approval, not
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from grundlag_client import Approval, Client, Rejected
-from grundlag_client._calls import MAX_MESSAGE, as_json, decided, edited, key_part, type_of
+from grundlag_client._calls import (
+    MAX_EDIT_FORM_BYTES,
+    MAX_MESSAGE,
+    as_json,
+    decided,
+    edit_schema,
+    edited,
+    key_part,
+)
 
 try:
     from langgraph.types import Command
@@ -229,6 +238,9 @@ def _human_question(value: Mapping[str, Any], meta: dict[str, Any] | None) -> _Q
     allowed = [response for flag, response in RESPONSES.items() if config.get(flag)]
     if not allowed:
         raise ValueError(f"the interrupt for {action!r} allows no response (every allow_* is false)")
+    if "edit" in allowed and len(json.dumps(answer_schema(args, allowed))) > MAX_EDIT_FORM_BYTES:
+        # Too big to edit field by field (the server takes schemas up to 16 KB): not offered.
+        allowed = [each for each in allowed if each != "edit"] or ["accept"]
     description = str(value.get("description") or "").strip()
     message = (description or f"Review {action}")[:MAX_MESSAGE]
     data = {"action": action, "args": args, **({"langgraph": meta} if meta is not None else {})}
@@ -296,15 +308,22 @@ def resume_from_webhook(
         return None
     configurable = {**((config or {}).get("configurable") or {}), "thread_id": meta["thread_id"]}
     thread = _latest({**(config or {}), "configurable": configurable})
-    interrupt = next(
-        (i for i in graph.get_state(thread).interrupts if i.id == meta.get("interrupt_id")), None
-    )
+    pending = graph.get_state(thread).interrupts
+    interrupt = next((each for each in pending if each.id == meta.get("interrupt_id")), None)
     if interrupt is None:
+        # Resumed already (a delivery sent again, or a handler that stopped before it asked
+        # what came next): ask what the thread waits on now, which asks nothing twice.
+        _ask_pending(graph, thread, client, deadline_seconds)
         return None
-    questions, asked, listed = _post(client, thread, interrupt, deadline_seconds, resume_rejected)
-    decisions = [client.get_approval(each.id) for each in asked]  # a replayed ask is as first answered
-    if any(each.status == "pending" for each in decisions):
-        return None
+    questions, listed = _questions(interrupt.value, resume_rejected)
+    if listed:
+        # The other parts are found again by their keys (kept 24 hours per token).
+        asked = _post(client, thread, interrupt, deadline_seconds, resume_rejected)[1]
+        decisions = [client.get_approval(each.id) for each in asked]  # a replay is as first answered
+    else:
+        decisions = [approval]  # the event's own: however long ago it was asked
+    if approval.id not in {each.id for each in decisions} or any(d.status == "pending" for d in decisions):
+        return None  # not one of this interrupt's questions, or a part still waits
     answers = [question.answer(each) for question, each in zip(questions, decisions, strict=True)]
     result = graph.invoke(Command(resume={interrupt.id: answers if listed else answers[0]}), thread)
     _ask_pending(graph, thread, client, deadline_seconds)
@@ -372,8 +391,8 @@ def answer_schema(args: Mapping[str, Any], allowed: list[str]) -> dict[str, Any]
         schema["if"] = {"properties": {"decision": {"const": "response"}}, "required": ["decision"]}
         schema["then"] = {"required": ["response"], "properties": {"response": {"minLength": 1}}}
     if "edit" in allowed:
-        for name, current in args.items():
-            properties[ARG + name] = {**type_of(current), "title": str(name), "default": current}
+        for name, prop in edit_schema(args)["properties"].items():
+            properties[ARG + name] = prop  # typed as proposed; long or multi-line text in a text box
     return schema
 
 
