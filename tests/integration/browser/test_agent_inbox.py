@@ -56,3 +56,66 @@ def test_a_reviewer_edits_an_agent_inbox_call_in_the_browser_and_the_graph_runs_
     assert result["heard"] == [
         {"type": "edit", "args": {"action": "send_invoice", "args": {"invoice_id": "LG-1", "amount": 90}}}
     ]
+
+
+def test_a_reviewer_edits_a_pydantic_ai_call_and_rejects_an_openai_agents_call_in_the_browser(
+    site: Site, browser: Browser
+) -> None:
+    """PydanticAI's deferred tool call, its amount edited in Chromium, runs with the edit; the
+    OpenAI Agents SDK's tool call, rejected in Chromium with a reason, never runs, and the model
+    reads the reason."""
+    from agents import Agent as OpenAIAgent
+    from agents import function_tool, set_tracing_disabled
+
+    from grundlag_client import openai_agents, pydantic_ai
+    from tests.integration.test_agent_frameworks import ProposesThenReports, biller
+
+    set_tracing_disabled(True)
+    server = site.serve()
+    agent, sent = biller()
+    finished: list[Any] = []
+
+    def run(adapter: Any, agent: Any) -> threading.Thread:
+        def go() -> None:
+            with Client(server.url, site.token, timeout=10) as client:
+                finished.append(adapter.run_with_inbox(agent, "bill ACME", client=client, timeout=60))
+
+        thread = threading.Thread(target=go, daemon=True)
+        thread.start()
+        return thread
+
+    running = run(pydantic_ai, agent)
+    page = log_in(browser, server.url, "reviewer1")
+    row = page.locator("#inbox-rows > tr").first
+    expect(row).to_contain_text("biller wants to call send_invoice?")
+    row.click()
+    amount = page.locator('[name="answer-amount"]')
+    expect(amount).to_have_value("900")
+    amount.fill("90")
+    page.locator("form.approve-form button.approve").click()
+    expect(page.locator("p.decided")).to_contain_text("Already approved by reviewer1")
+    running.join(30)
+    assert sent == [{"invoice_id": "AF-1", "amount": 90}]
+    assert finished.pop().output == "tool said: sent AF-1 for 90"
+
+    called: list[Any] = []
+
+    @function_tool(needs_approval=True)
+    def send_invoice(invoice_id: str, amount: int) -> str:
+        """Send an invoice."""
+        called.append(invoice_id)
+        return "sent"
+
+    running = run(
+        openai_agents, OpenAIAgent(name="Biller", model=ProposesThenReports(), tools=[send_invoice])
+    )
+    page.goto("/")
+    row = page.locator("#inbox-rows > tr").first
+    expect(row).to_contain_text("Biller wants to call send_invoice?")
+    row.click()
+    page.locator("details.reject summary, summary:has-text('Reject')").first.click()
+    page.fill('[name="reject-reason"]', "wrong customer")
+    page.locator("form.reject-form button").first.click()
+    expect(page.locator("p.decided")).to_contain_text("rejected")
+    running.join(30)
+    assert called == [] and finished.pop().final_output == "tool said: wrong customer"
