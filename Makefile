@@ -55,10 +55,11 @@ dev: runtime
 	PORT=$(PORT) DEBUG=true exec $(BIN)/python manage.py serve --port $(PORT)
 
 # The whole suite, on SQLite and PostgreSQL (GRUNDLAG_TEST_DATABASES=sqlite for one), in two
-# processes (pytest-xdist); the docs site is built strictly. The 25 slowest tests are listed at
-# the end: CI's fresh-clone run must stay under ten minutes.
+# processes (pytest-xdist; a process that runs out of tests takes some of the other's, so a long
+# browser test at the end does not leave one core idle); the docs site is built strictly. The 25
+# slowest tests are listed at the end: CI's fresh-clone run must stay under ten minutes.
 test: venv node lint docs
-	$(BIN)/pytest -n 2 --durations=25 $(PYTEST_ARGS)
+	$(BIN)/pytest -n 2 --dist worksteal --durations=25 $(PYTEST_ARGS)
 
 # The inner loop, under a minute: lint, types, and the tests that start no process, with the
 # worker steps on SQLite (its test databases kept between runs: migrations are applied anew).
