@@ -172,37 +172,28 @@ def modal(interrupt: Interrupt, form: forms.Form, approving: bool) -> dict[str, 
     inputs = []
     for bound in form:
         field = bound.field
-        # Filled in as the dashboard's form is (a default, an argument proposed to edit): what
-        # a reviewer leaves alone is submitted as it was, never as empty or unticked.
-        initial = bound.initial
+        # Filled in as the dashboard's form is (a default, an argument proposed to edit; the
+        # field's own rendering of it, JSON as text): what a reviewer leaves alone is submitted
+        # as it was, never as empty or unticked.
+        value = bound.value()
         element: dict[str, Any]
         if isinstance(field, forms.BooleanField):
             option = _option("on", str(bound.label or bound.name))
             element = {
                 "type": "checkboxes",
                 "options": [option],
-                **({"initial_options": [option]} if initial else {}),
+                **({"initial_options": [option]} if value else {}),
             }
         elif isinstance(field, forms.ChoiceField):
             choices: list[tuple[Any, Any]] = list(field.choices)  # type: ignore[arg-type]
-            options = [_option(str(key), str(label)) for key, label in choices if key != ""]
-            element = {"type": "static_select", "options": options[:100]}
-            chosen = [
-                option for option in options[:100] if initial is not None and option["value"] == str(initial)
-            ]
-            if chosen:
-                element["initial_option"] = chosen[0]
+            options = [_option(str(key), str(label)) for key, label in choices if key != ""][:100]
+            element = {"type": "static_select", "options": options}
+            if chosen := next((o for o in options if value is not None and o["value"] == str(value)), None):
+                element["initial_option"] = chosen
         else:
             element = {"type": "plain_text_input", "multiline": isinstance(field.widget, forms.Textarea)}
-            text = (
-                ""
-                if initial is None
-                else json.dumps(initial)
-                if isinstance(field, forms.JSONField)
-                else str(initial)
-            )
-            if text:
-                element["initial_value"] = text[:3000]
+            if value not in (None, ""):
+                element["initial_value"] = str(value)[:3000]
         inputs.append(
             {
                 "type": "input",

@@ -91,17 +91,7 @@ def run_with_inbox(
     result = graph.invoke(input, config)
     config = _latest(config)
     while pending := _pending(graph.get_state(config)):
-        answers = {
-            interrupt.id: ask(
-                client,
-                interrupt.value,
-                key=_key(config, interrupt.id),
-                timeout=timeout,
-                deadline_seconds=deadline_seconds,
-                resume_rejected=resume_rejected,
-            )
-            for interrupt in pending
-        }
+        answers = _answers(client, config, pending, timeout, deadline_seconds, resume_rejected)
         result = graph.invoke(Command(resume=answers), config)
     return result
 
@@ -121,19 +111,33 @@ async def arun_with_inbox(
     result = await graph.ainvoke(input, config)
     config = _latest(config)
     while pending := _pending(await graph.aget_state(config)):
-        answers = {}
-        for interrupt in pending:
-            answers[interrupt.id] = await asyncio.to_thread(
-                ask,
-                client,
-                interrupt.value,
-                key=_key(config, interrupt.id),
-                timeout=timeout,
-                deadline_seconds=deadline_seconds,
-                resume_rejected=resume_rejected,
-            )
+        answers = await asyncio.to_thread(
+            _answers, client, config, pending, timeout, deadline_seconds, resume_rejected
+        )
         result = await graph.ainvoke(Command(resume=answers), config)
     return result
+
+
+def _answers(
+    client: Client,
+    config: Mapping[str, Any],
+    pending: tuple[Any, ...],
+    timeout: float | None,
+    deadline_seconds: int | None,
+    resume_rejected: bool,
+) -> dict[str, Any]:
+    """Each pending interrupt asked and decided: what to resume the graph with."""
+    return {
+        interrupt.id: ask(
+            client,
+            interrupt.value,
+            key=_key(config, interrupt.id),
+            timeout=timeout,
+            deadline_seconds=deadline_seconds,
+            resume_rejected=resume_rejected,
+        )
+        for interrupt in pending
+    }
 
 
 def _latest(config: Mapping[str, Any]) -> dict[str, Any]:

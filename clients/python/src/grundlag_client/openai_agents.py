@@ -52,11 +52,16 @@ def ask(
     )
 
 
-def _answer(state: Any, item: Any, decision: ToolDecision) -> None:
-    if decision.approved:
-        state.approve(item)
-    else:
-        state.reject(item, rejection_message=decision.reason)
+def _decided(result: Any, client: Client, timeout: float | None, deadline_seconds: int | None) -> Any:
+    """The run's state with each approval it stopped for decided in the inbox."""
+    state = result.to_state()
+    for item in result.interruptions:
+        decision = ask(item, client=client, timeout=timeout, deadline_seconds=deadline_seconds)
+        if decision.approved:
+            state.approve(item)
+        else:
+            state.reject(item, rejection_message=decision.reason)
+    return state
 
 
 def run_with_inbox(
@@ -72,10 +77,7 @@ def run_with_inbox(
     inbox, until the run ends; the SDK's run result."""
     result = Runner.run_sync(agent, input, **run)
     while result.interruptions:
-        state = result.to_state()
-        for item in result.interruptions:
-            _answer(state, item, ask(item, client=client, timeout=timeout, deadline_seconds=deadline_seconds))
-        result = Runner.run_sync(agent, state, **run)
+        result = Runner.run_sync(agent, _decided(result, client, timeout, deadline_seconds), **run)
     return result
 
 
@@ -91,11 +93,6 @@ async def arun_with_inbox(
     """``run_with_inbox`` with ``Runner.run``; the waits run in a thread."""
     result = await Runner.run(agent, input, **run)
     while result.interruptions:
-        state = result.to_state()
-        for item in result.interruptions:
-            decision = await asyncio.to_thread(
-                ask, item, client=client, timeout=timeout, deadline_seconds=deadline_seconds
-            )
-            _answer(state, item, decision)
+        state = await asyncio.to_thread(_decided, result, client, timeout, deadline_seconds)
         result = await Runner.run(agent, state, **run)
     return result
