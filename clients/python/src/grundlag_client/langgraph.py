@@ -322,7 +322,7 @@ def resume_from_webhook(
     questions, listed = _questions(interrupt.value, resume_rejected)
     if listed:
         # The other parts are found again by their keys (kept 24 hours per token).
-        asked = _post(client, thread, interrupt, deadline_seconds, resume_rejected)[1]
+        asked = _post(client, thread, interrupt, deadline_seconds)
         decisions = [client.get_approval(each.id) for each in asked]  # a replay is as first answered
     else:
         decisions = [approval]  # the event's own: however long ago it was asked
@@ -339,26 +339,22 @@ def _ask_pending(
 ) -> list[Approval]:
     asked: list[Approval] = []
     for interrupt in _pending(graph.get_state(config)):
-        asked += _post(client, config, interrupt, deadline_seconds)[1]
+        asked += _post(client, config, interrupt, deadline_seconds)
     return asked
 
 
 def _post(
-    client: Client,
-    config: Mapping[str, Any],
-    interrupt: Any,
-    deadline_seconds: int | None,
-    resume_rejected: bool = False,
-) -> tuple[list[_Question], list[Approval], bool]:
+    client: Client, config: Mapping[str, Any], interrupt: Any, deadline_seconds: int | None
+) -> list[Approval]:
     """Ask an interrupt's questions without waiting; asked again, the same approvals (the
     same Idempotency-Keys and bodies)."""
     thread = str((config.get("configurable") or {}).get("thread_id", ""))
     if not thread:
         raise ValueError("server mode needs the graph's thread: config['configurable']['thread_id']")
     meta = {"thread_id": thread, "interrupt_id": interrupt.id}
-    questions, listed = _questions(interrupt.value, resume_rejected, meta)
+    questions, listed = _questions(interrupt.value, False, meta)
     key = "langgraph-server:" + _key(config, interrupt.id).removeprefix("langgraph:")
-    asked = [
+    return [
         client.create_approval(
             question.message,
             question.data,
@@ -368,7 +364,6 @@ def _post(
         )
         for n, question in enumerate(questions)
     ]
-    return questions, asked, listed
 
 
 def answer_schema(args: Mapping[str, Any], allowed: list[str]) -> dict[str, Any]:
