@@ -39,9 +39,12 @@ def scope(user: Any) -> list[int] | None:
     return list(Team.objects.filter(members=user).values_list("pk", flat=True))
 
 
-def filtered(params: Any, teams: list[int] | None = None) -> tuple[QuerySet[Interrupt], dict[str, str]]:
+def filtered(
+    params: Any, teams: list[int] | None = None, *, newest: int | None = None
+) -> tuple[QuerySet[Interrupt], dict[str, str]]:
     """The interrupts matching the query parameters, newest first, and the filters applied.
     ``teams``: only those teams' decided interrupts (a member's view); None: all (staff).
+    ``newest``: the caller reads that many at most (a page): the search is planned for it.
     Raises Refused for a team outside ``teams``."""
     applied = {key: str(params.get(key, "")).strip() for key in FILTERS}
     interrupts = Interrupt.objects.select_related("run", "team").order_by("-created_at", "-id")
@@ -71,16 +74,18 @@ def filtered(params: Any, teams: list[int] | None = None) -> tuple[QuerySet[Inte
     if until:
         interrupts = interrupts.filter(created_at__date__lte=until)
     if applied["q"]:
-        interrupts = searched(interrupts, applied["q"])
+        # A member's view (their teams' rows, and those escalated to them) is read whole and
+        # sorted: a plan for the newest rows would ask FTS5 of each of them.
+        interrupts = searched(interrupts, applied["q"], newest if teams is None else None)
     return interrupts, applied
 
 
-def searched(interrupts: QuerySet[Interrupt], text: str) -> QuerySet[Interrupt]:
+def searched(interrupts: QuerySet[Interrupt], text: str, newest: int | None = None) -> QuerySet[Interrupt]:
     """Those whose message, data, answer, reason, comments or run input hold every word of
     ``text``: the database's full-text index (SQLite FTS5, PostgreSQL tsvector with GIN), kept
-    by triggers (migration 0015)."""
-    matching = store.interrupts_matching(text)
-    return interrupts.none() if matching is None else interrupts.filter(pk__in=matching)
+    by triggers (migration 0015). ``newest``: the caller reads that many at most (a page)."""
+    matching = store.interrupts_matching(text, newest)
+    return interrupts.none() if matching is None else interrupts.filter(matching)
 
 
 def _date(text: str) -> date | None:

@@ -22,6 +22,7 @@ from actions.models import AuditCheck, AuditExport, Interrupt, Run, Team
 from actions.reads.history import (
     EVENT_COLUMNS,
     INTERRUPT_COLUMNS,
+    PAGE_SIZE,
     STATS_CACHE_SECONDS,
     Refused,
     bar_chart,
@@ -49,7 +50,9 @@ def history(request: HttpRequest) -> HttpResponse:
         interrupts, applied = filtered(request.GET, teams)
     except Refused as exc:
         return _refused(exc)
-    rows, next_cursor = page(interrupts, request.GET.get("after", ""))
+    # The page's rows, read by the search's plan for a page (the figures read every match).
+    newest, _ = filtered(request.GET, teams, newest=PAGE_SIZE + 1)
+    rows, next_cursor = page(newest, request.GET.get("after", ""))
     requested = request.GET.get("days", "")
     days = min(max(int(requested), 1), 3650) if requested.isdigit() and len(requested) < 6 else 30
     # The figures read every decision in the period; an audit page can show them a minute old.
