@@ -4,7 +4,9 @@ most 1.3; it must not grow with history). The same for the history's full-text s
 invoice number (one interrupt has it: what an auditor looks for), and a word that every
 interrupt has (the worst case: every row matches, the page shows the newest 50).
 
-    python -m bench.inbox_scale [--requests 30]
+    python -m bench.inbox_scale [--requests 30] [--postgresql]
+
+``--postgresql`` measures the same on a PostgreSQL server of the benchmark's own (SQLite otherwise).
 """
 
 from __future__ import annotations
@@ -14,13 +16,12 @@ import gc
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.common import migrated_env
+from bench.common import database_for, migrated_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +69,10 @@ def settle() -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if connection.vendor == "sqlite":
+            cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        else:  # the planner's statistics, as autovacuum would have them after a bulk load
+            cursor.execute("VACUUM ANALYZE")
     gc.collect()
 
 
@@ -124,13 +128,15 @@ def child(requests: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=30)
+    parser.add_argument("--postgresql", action="store_true", help="on PostgreSQL instead of SQLite")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.requests)
         return
-    with tempfile.TemporaryDirectory(prefix="grundlag-bench-") as tmp:
-        env = migrated_env(f"sqlite:///{tmp}/scale.sqlite3")
+    with database_for("scaled" if args.postgresql else "embedded", "scale") as (_, database_url):
+        print("PostgreSQL" if args.postgresql else "SQLite")
+        env = migrated_env(database_url)
         subprocess.run(
             [sys.executable, "-m", "bench.inbox_scale", "--child", "--requests", str(args.requests)],
             cwd=ROOT,
