@@ -53,10 +53,33 @@ def api_cycles(server: Server, token: str, cycles: int) -> tuple[list[float], li
     return started_ms, resumed_ms
 
 
-class Figures(TypedDict):
+class Figures(TypedDict, total=False):
     started: list[float]  # ms, each cycle's start -> interrupted (LangGraph: invoke -> interrupt)
     resumed: list[float]  # ms, resume -> completed (LangGraph: resume -> done)
     cpu_ms: float  # the site's processes' CPU per cycle (LangGraph: this process's)
+    # The site's CPU per request of a plain read, beside the cycle's: `GET /api/runs/<id>` of a
+    # paused run, and `/healthz` (no authentication, no database): what the API's own path
+    # costs, apart from the engine and the waiting.
+    read_cpu_ms: dict[str, float]
+
+
+READS = 100
+
+
+def read_cpu(pids: list[int], server: Server, token: str) -> dict[str, float]:
+    """The site's CPU per request of a few plain reads, each sent READS times in a row."""
+    costs = {}
+    with server.client(token) as client:
+        run = client.post(
+            "/api/runs", json={"action": "bench_pause", "input": {"n": 0}}, headers={"Prefer": "wait=5"}
+        ).json()
+        for what, url in (("GET a run", f"/api/runs/{run['id']}"), ("GET /healthz", "/healthz")):
+            client.get(url)
+            before = cpu_seconds(pids)
+            for _ in range(READS):
+                assert client.get(url).status_code == 200
+            costs[what] = (cpu_seconds(pids) - before) / READS * 1000
+    return costs
 
 
 def grundlag(name: str, cycles: int) -> Figures:
@@ -70,7 +93,8 @@ def grundlag(name: str, cycles: int) -> Figures:
         # What a cycle costs the site's processes (the server, the workers, the notifier; not
         # PostgreSQL or Redis): on two cores, latency follows it; less noisy than the latency.
         cpu_ms = (cpu_seconds(pids) - cpu_before) / (cycles + 3) * 1000
-    return Figures(started=started, resumed=resumed, cpu_ms=cpu_ms)
+        reads = read_cpu(pids, server, token)
+    return Figures(started=started, resumed=resumed, cpu_ms=cpu_ms, read_cpu_ms=reads)
 
 
 def lines(name: str, figures: Figures) -> list[str]:
@@ -83,6 +107,10 @@ def lines(name: str, figures: Figures) -> list[str]:
         line(name, what[0], figures["started"]),
         line(name, what[1], figures["resumed"]),
         f"  {name:<22} {'CPU per cycle':<24} {figures['cpu_ms']:7.1f} ms",
+        *(
+            f"  {name:<22} {'CPU per ' + what:<24} {ms:7.1f} ms"
+            for what, ms in figures.get("read_cpu_ms", {}).items()
+        ),
     ]
 
 

@@ -43,6 +43,9 @@ FIGURES = [
     Figure("api step p50 scaled", "ms", False),
     Figure("site cpu per cycle embedded", "ms", False),
     Figure("site cpu per cycle scaled", "ms", False),
+    # The API's own path, apart from the engine and the waiting: `GET /api/runs/<id>`.
+    Figure("site cpu per run read embedded", "ms", False),
+    Figure("site cpu per run read scaled", "ms", False),
 ]
 
 
@@ -58,6 +61,8 @@ def measure(seconds: float, rounds: int, cycles: int) -> dict[str, float]:
         "api step p50 scaled": api_latency.step_p50(scaled),
         "site cpu per cycle embedded": embedded["cpu_ms"],
         "site cpu per cycle scaled": scaled["cpu_ms"],
+        "site cpu per run read embedded": embedded["read_cpu_ms"]["GET a run"],
+        "site cpu per run read scaled": scaled["read_cpu_ms"]["GET a run"],
         # Not checked, for reading the others: the machine's speed in the same run.
         "langgraph sqlite cycles/s": engine["langgraph sqlite"],
         "langgraph step p50": api_latency.step_p50(langgraph),
