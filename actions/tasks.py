@@ -9,7 +9,7 @@ from django.db import InterfaceError, OperationalError
 
 from actions import engine, notify
 from actions.background import DELIVER_NOTIFICATIONS, DISPATCH, QUEUED_AT, RUN_STEP
-from actions.engine import audit, idempotency
+from actions.engine import audit, idempotency, store
 from actions.notify.delivery import deliver_each
 
 
@@ -43,6 +43,7 @@ def sweep() -> int:
 @shared_task(name="actions.tasks.apply_policies")
 def apply_policies() -> int:
     idempotency.prune()
+    store.refresh_statistics()
     return engine.apply_policies()
 
 

@@ -183,6 +183,65 @@ def test_retention_deletes_old_finished_runs_and_never_pending_ones(team: Team, 
     assert [e["kind"] for e in record["events"]][:3] == ["started", "claimed", "interrupted"]
 
 
+@pytest.mark.usefixtures("database")
+def test_a_members_pages_hold_their_teams_and_what_was_escalated_to_them_in_order(
+    team: Team, other_team: Team, reviewer: User, token_key: str
+) -> None:
+    # A page of a member's view is read as two lists, each newest first by its own index (their
+    # team's, and those escalated to it), merged (history._visible): every page must still be
+    # the view's rows in order, whichever list they come from, however the pages fall.
+    ours = bulk_history(team, 70)
+    theirs = bulk_history(other_team, 90, decided_by="payroll1")
+    now = timezone.now()
+    escalated = theirs[::3]  # interleaved in time with the team's own
+    Interrupt.objects.filter(pk__in=[it.pk for it in escalated]).update(escalate_to=team, escalated_at=now)
+    Interrupt.objects.filter(pk=theirs[1].pk).update(escalate_to=team)  # due, never escalated
+    expected = sorted(ours + escalated, key=lambda it: (it.created_at, it.pk), reverse=True)
+    assert len(expected) == 100
+
+    client = Client()
+    client.force_login(reviewer)
+    found, after = [], ""
+    while True:
+        response = client.get("/history/", {"after": after})
+        found += [row.pk for row in response.context["rows"]]
+        if not (after := response.context["next_cursor"]):
+            break
+    assert found == [it.pk for it in expected]
+
+    api = {"Authorization": f"Bearer {token_key}"}
+    found, after = [], ""
+    while True:
+        body = client.get("/api/history", {"after": after} if after else {}, headers=api).json()
+        found += [item["interrupt_id"] for item in body["items"]]
+        if not (after := body["next"] or ""):
+            break
+    assert found == [it.pk for it in expected]
+    # Searched, the same: "7" is in the invoice numbers of both teams' rows.
+    text = "invoice 7"
+    searched = client.get("/history/", {"q": text}).context["rows"]
+    every = [it for it in expected if any(word == "7" for word in it.message.strip("?").split())]
+    assert [row.pk for row in searched] == [it.pk for it in every][:50] and every
+
+
+def test_the_periodic_round_keeps_sqlites_planner_statistics(team: Team) -> None:
+    from actions.engine import store
+
+    if connection.vendor != "sqlite":
+        assert store.refresh_statistics() is False
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE IF EXISTS sqlite_stat1")
+    assert store.refresh_statistics() is True, "never made"
+    assert store.refresh_statistics() is False, "made, and nothing changed"
+    bulk_history(team, 1200)
+    assert store.refresh_statistics() is True, "the interrupts more than doubled"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT stat FROM sqlite_stat1 WHERE idx = 'interrupt_team_created'")
+        (stat,) = cursor.fetchone()
+    assert int(stat.split()[0]) >= 1000, "a sample (analysis_limit): about the rows there are"
+
+
 # Search: what was asked and answered, by the database's full-text index, on both databases.
 
 

@@ -300,7 +300,9 @@ def read_history(request: HttpRequest, query: Query[HistoryQuery]) -> dict[str, 
         "until": query.until.isoformat() if query.until else "",
     }  # fmt: skip
     try:
-        interrupts, applied = history.filtered(params, [token.team_id])
+        interrupts, applied = history.filtered(
+            params, [token.team_id], newest=history.PAGE_SIZE + 1, after=after
+        )
     except history.Refused as exc:
         raise HttpError(403, str(exc)) from None
     rows, next_cursor = history.page(interrupts.annotate(comment_count=Count("comments")), after)

@@ -15,6 +15,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any, TypeVar
 
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connection
 from django.db.models import Count, F, Model, Q, QuerySet
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
@@ -40,16 +41,17 @@ def scope(user: Any) -> list[int] | None:
 
 
 def filtered(
-    params: Any, teams: list[int] | None = None, *, newest: int | None = None
+    params: Any, teams: list[int] | None = None, *, newest: int | None = None, after: str = ""
 ) -> tuple[QuerySet[Interrupt], dict[str, str]]:
     """The interrupts matching the query parameters, newest first, and the filters applied.
     ``teams``: only those teams' decided interrupts (a member's view); None: all (staff).
-    ``newest``: the caller reads that many at most (a page): the search is planned for it.
+    ``newest``: the caller reads that many at most (a page), after the cursor ``after``: the
+    query is planned for that read (``_visible``, ``searched``), not for every match.
     Raises Refused for a team outside ``teams``."""
     applied = {key: str(params.get(key, "")).strip() for key in FILTERS}
-    interrupts = Interrupt.objects.select_related("run", "team").order_by("-created_at", "-id")
+    interrupts = everything = Interrupt.objects.select_related("run", "team").order_by("-created_at", "-id")
     if teams is not None:
-        interrupts = interrupts.filter(Interrupt.visible_to(teams)).exclude(status=Interrupt.Status.PENDING)
+        interrupts = interrupts.exclude(status=Interrupt.Status.PENDING)
     if applied["team"]:
         if teams is not None and not Team.objects.filter(pk__in=teams, slug=applied["team"]).exists():
             raise Refused(f"You may read the history of your own teams only, not of {applied['team']!r}.")
@@ -74,10 +76,32 @@ def filtered(
     if until:
         interrupts = interrupts.filter(created_at__date__lte=until)
     if applied["q"]:
-        # A member's view (their teams' rows, and those escalated to them) is read whole and
-        # sorted: a plan for the newest rows would ask FTS5 of each of them.
-        interrupts = searched(interrupts, applied["q"], newest if teams is None else None)
+        interrupts = searched(interrupts, applied["q"], newest)
+    if teams is not None:
+        interrupts = _visible(interrupts, teams, newest, after, everything)
     return interrupts, applied
+
+
+def _visible(
+    interrupts: QuerySet[Interrupt],
+    teams: list[int],
+    newest: int | None,
+    after: str,
+    everything: QuerySet[Interrupt],
+) -> QuerySet[Interrupt]:
+    """Those of ``interrupts`` that ``teams`` see: theirs, and those escalated to them. For a
+    page (the ``newest`` after the cursor ``after``), each of the two is read newest first by
+    its own index, ``newest`` at most, and the page is made of both: no index holds "theirs or
+    escalated to them" in date order, and the database sorted all of a team's history to find
+    the newest (40 ms at 100,000 interrupts; 0.2 ms this way). The page is then read from
+    ``everything`` by the two lists' ids alone. On SQLite only: PostgreSQL reads the two
+    indexes together (a bitmap) and was faster as it was (18 against 26 ms, bench/RESULTS.md)."""
+    if newest is None or connection.vendor != "sqlite":
+        return interrupts.filter(Interrupt.visible_to(teams))
+    window = _after(interrupts, after)
+    theirs = window.filter(team__in=teams).values("pk")[:newest]
+    escalated = window.filter(escalate_to__in=teams, escalated_at__isnull=False).values("pk")[:newest]
+    return everything.filter(Q(pk__in=theirs) | Q(pk__in=escalated))
 
 
 def searched(interrupts: QuerySet[Interrupt], text: str, newest: int | None = None) -> QuerySet[Interrupt]:
@@ -118,9 +142,7 @@ def page(rows: QuerySet[M], cursor: str, size: int = PAGE_SIZE) -> tuple[list[M]
     """One page (newest first) after ``cursor`` ("<created_at>|<id>" of the last row seen), and
     the cursor of the next ("" on the last). Keyset paging costs the same on page 1 and page
     2,000: no OFFSET, just an index range. A cursor that is not one starts from the top."""
-    if seen := parse_cursor(cursor):
-        rows = rows.filter(Q(created_at__lt=seen[0]) | Q(created_at=seen[0], id__lt=seen[1]))
-    found = list(rows[: size + 1])
+    found = list(_after(rows, cursor)[: size + 1])
     more = len(found) > size
     found = found[:size]
     if not more:
@@ -129,6 +151,13 @@ def page(rows: QuerySet[M], cursor: str, size: int = PAGE_SIZE) -> tuple[list[M]
     # In UTC with a "Z": nothing in it that a query string would need escaped ("+" is a space).
     stamp = last.created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return found, f"{stamp}|{last.pk}"
+
+
+def _after(rows: QuerySet[M], cursor: str) -> QuerySet[M]:
+    """The rows after the cursor's, newest first (all of them when it is not a cursor)."""
+    if seen := parse_cursor(cursor):
+        return rows.filter(Q(created_at__lt=seen[0]) | Q(created_at=seen[0], id__lt=seen[1]))
+    return rows
 
 
 @dataclass(frozen=True)

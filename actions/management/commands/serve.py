@@ -18,7 +18,7 @@ from django.db import close_old_connections
 
 from actions import engine, notify, tracing
 from actions.drivers import sandbox
-from actions.engine import audit, idempotency, queue
+from actions.engine import audit, idempotency, queue, store
 from actions.live import waiting
 from actions.notify import process
 
@@ -195,6 +195,7 @@ def run_periodic_tick(*, sweep: bool, policies: bool = True) -> None:
             engine.apply_policies()
             audit.daily()
             idempotency.prune()
+            store.refresh_statistics()
         if sweep:
             engine.sweep()
             if (notifier := process.current) is not None:
