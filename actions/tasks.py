@@ -43,8 +43,10 @@ def sweep() -> int:
 @shared_task(name="actions.tasks.apply_policies")
 def apply_policies() -> int:
     idempotency.prune()
-    store.refresh_statistics()
-    return engine.apply_policies()
+    try:
+        return engine.apply_policies()
+    finally:
+        store.refresh_statistics()  # after the deadlines: it never stops them
 
 
 @shared_task(name=DISPATCH)

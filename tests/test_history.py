@@ -240,6 +240,9 @@ def test_the_periodic_round_keeps_sqlites_planner_statistics(team: Team) -> None
         cursor.execute("SELECT stat FROM sqlite_stat1 WHERE idx = 'interrupt_team_created'")
         (stat,) = cursor.fetchone()
     assert int(stat.split()[0]) >= 1000, "a sample (analysis_limit): about the rows there are"
+    Interrupt.objects.filter(pk__in=Interrupt.objects.values("pk")[:1000]).delete()
+    assert store.refresh_statistics() is True, "retention took most of them"
+    assert store.refresh_statistics() is False, "made again, and steady"
 
 
 # Search: what was asked and answered, by the database's full-text index, on both databases.

@@ -111,6 +111,7 @@ def _walks(query: str, newest: int) -> bool:
     matches sooner than looking every match up: when matches are so many that the walk meets
     them early. Decided by counting the matches, bounded where the walk starts to pay."""
     with open_cursor(default_db()) as cursor:
+        # About how many rows the walk passes over (the highest id: no count of them all).
         cursor.execute(sql("SELECT max({Interrupt.id}) FROM {Interrupt}"), [])
         rows = cursor.fetchone()[0] or 0
         # The walk pays when matches**2 > newest * rows * ASK / ID: count no further.
@@ -125,17 +126,26 @@ def _walks(query: str, newest: int) -> bool:
 
 def refresh_statistics() -> bool:
     """On SQLite, the query planner's statistics of the interrupts (a sampled ANALYZE, a few
-    milliseconds at 100,000) made again when there were none, or once the interrupts have doubled
-    or halved since they were made; whether they were. Without them SQLite reads a member's
-    history page, or a search for a word no row holds, by the team's index, all of it (12 to
-    25 ms at 100,000 interrupts, 2 ms with them). PostgreSQL's autovacuum keeps its own. Run by
-    the periodic round (every 30 s)."""
+    milliseconds at 100,000) made again when there were none, or once the interrupts have
+    doubled or halved (retention) since they were made; whether they were. Without them SQLite
+    reads a member's history page, or a search for a word no row holds, by the team's index,
+    all of it (12 to 25 ms at 100,000 interrupts, 2 ms with them). PostgreSQL's autovacuum
+    keeps its own. Run by the periodic round, after its other work: it never raises (the
+    database locked a while, say: it is said in the log, and tried again next round)."""
     connection = default_db()
     if connection.vendor != "sqlite":
         return False
+    try:
+        return _refresh_statistics(connection)
+    except Exception:
+        logger.warning("could not refresh the database's planner statistics", exc_info=True)
+        return False
+
+
+def _refresh_statistics(connection: Any) -> bool:
     with open_cursor(connection) as cursor:
-        cursor.execute(sql("SELECT max({Interrupt.id}) FROM {Interrupt}"), [])
-        rows = cursor.fetchone()[0] or 0
+        cursor.execute(sql("SELECT count(*) FROM {Interrupt}"), [])
+        rows = cursor.fetchone()[0]
         cursor.execute("SELECT 1 FROM sqlite_master WHERE name = 'sqlite_stat1'", [])
         analyzed = None
         if cursor.fetchone() is not None:
@@ -145,13 +155,18 @@ def refresh_statistics() -> bool:
             )
             stat = cursor.fetchone()
             analyzed = int(stat[0].split()[0]) if stat else 0  # none: the table was empty
+        # A sample's count is off by up to half: within a factor of two is "the same".
         if analyzed is not None and analyzed / 2 <= rows <= max(analyzed, 500) * 2:
             return False
-        with transaction.atomic():
-            cursor.execute("PRAGMA analysis_limit = 1000", [])
-            # The interrupts' table alone: with statistics of the teams' (a handful of rows),
-            # SQLite starts a history page's join from the teams, and sorts every interrupt.
-            cursor.execute(sql("ANALYZE {Interrupt}"), [])
+        try:
+            with transaction.atomic():
+                cursor.execute("PRAGMA analysis_limit = 1000", [])
+                # The interrupts' table alone: with statistics of the teams' (a handful of
+                # rows), SQLite starts a history page's join from the teams, and sorts every
+                # interrupt.
+                cursor.execute(sql("ANALYZE {Interrupt}"), [])
+        finally:
+            cursor.execute("PRAGMA analysis_limit = 0", [])  # as a new connection has it
     return True
 
 

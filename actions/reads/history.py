@@ -46,7 +46,8 @@ def filtered(
     """The interrupts matching the query parameters, newest first, and the filters applied.
     ``teams``: only those teams' decided interrupts (a member's view); None: all (staff).
     ``newest``: the caller reads that many at most (a page), after the cursor ``after``: the
-    query is planned for that read (``_visible``, ``searched``), not for every match.
+    query is planned for that read (``_visible``, ``searched``), and, unsearched, for a member
+    holds only what that read needs (the newest after the cursor), not every match.
     Raises Refused for a team outside ``teams``."""
     applied = {key: str(params.get(key, "")).strip() for key in FILTERS}
     interrupts = everything = Interrupt.objects.select_related("run", "team").order_by("-created_at", "-id")
@@ -76,9 +77,14 @@ def filtered(
     if until:
         interrupts = interrupts.filter(created_at__date__lte=until)
     if applied["q"]:
-        interrupts = searched(interrupts, applied["q"], newest)
+        # Whether a walk pays is judged by the whole history's matches: a member's walk over their
+        # own team's rows, for a word common elsewhere and rare in their team, would ask FTS5
+        # of every row of the team. Their matches are looked up.
+        interrupts = searched(interrupts, applied["q"], newest if teams is None else None)
     if teams is not None:
-        interrupts = _visible(interrupts, teams, newest, after, everything)
+        # Searched, a member's rows are read by the search's matches, not by the team's index.
+        split = None if applied["q"] else newest
+        interrupts = _visible(interrupts, teams, split, after, everything)
     return interrupts, applied
 
 
@@ -90,10 +96,11 @@ def _visible(
     everything: QuerySet[Interrupt],
 ) -> QuerySet[Interrupt]:
     """Those of ``interrupts`` that ``teams`` see: theirs, and those escalated to them. For a
-    page (the ``newest`` after the cursor ``after``), each of the two is read newest first by
-    its own index, ``newest`` at most, and the page is made of both: no index holds "theirs or
-    escalated to them" in date order, and the database sorted all of a team's history to find
-    the newest (40 ms at 100,000 interrupts; 0.2 ms this way). The page is then read from
+    page (the ``newest`` after the cursor ``after``), each of the two is read on its own,
+    ``newest`` at most (theirs newest first by the team's index; the escalated ones, few, by
+    theirs, sorted), and the page is made of both: no index holds "theirs or escalated to them"
+    in date order, and the database sorted all of a team's history to find the newest (40 ms
+    at 100,000 interrupts; 0.2 ms this way). The page is then read from
     ``everything`` by the two lists' ids alone. On SQLite only: PostgreSQL reads the two
     indexes together (a bitmap) and was faster as it was (18 against 26 ms, bench/RESULTS.md)."""
     if newest is None or connection.vendor != "sqlite":

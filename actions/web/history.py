@@ -52,8 +52,8 @@ def history(request: HttpRequest) -> HttpResponse:
         return _refused(exc)
     # The page's rows, read by the search's plan for a page (the figures read every match).
     after = request.GET.get("after", "")
-    newest, _ = filtered(request.GET, teams, newest=PAGE_SIZE + 1, after=after)
-    rows, next_cursor = page(newest, after)
+    for_page, _ = filtered(request.GET, teams, newest=PAGE_SIZE + 1, after=after)
+    rows, next_cursor = page(for_page, after)
     requested = request.GET.get("days", "")
     days = min(max(int(requested), 1), 3650) if requested.isdigit() and len(requested) < 6 else 30
     # The figures read every decision in the period; an audit page can show them a minute old.

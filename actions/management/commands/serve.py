@@ -191,18 +191,20 @@ def run_periodic_tick(*, sweep: bool, policies: bool = True) -> None:
     does not stop deadlines and sweeps until the process restarts."""
     close_old_connections()
     try:
+        try:
+            if policies:
+                engine.apply_policies()
+                audit.daily()
+                idempotency.prune()
+            if sweep:
+                engine.sweep()
+                if (notifier := process.current) is not None:
+                    notifier.ping()  # started again, should it have died; it does its own rounds
+                else:
+                    notify.periodic_round()
+        except Exception:
+            logger.exception("periodic engine work failed")
         if policies:
-            engine.apply_policies()
-            audit.daily()
-            idempotency.prune()
-            store.refresh_statistics()
-        if sweep:
-            engine.sweep()
-            if (notifier := process.current) is not None:
-                notifier.ping()  # started again, should it have died; it does its own rounds
-            else:
-                notify.periodic_round()
-    except Exception:
-        logger.exception("periodic engine work failed")
+            store.refresh_statistics()  # last: it never stops the rest
     finally:
         close_old_connections()
