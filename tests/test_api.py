@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -110,7 +111,8 @@ def test_a_paused_runs_description_reads_the_run_and_its_interrupt_in_one_query_
         "/runs", {"action": "send_invoice", "input": {"invoice_id": "Q-1", "amount": 3}}
     ).json()
     request = RequestFactory().get("/")
-    request.auth = ApiToken.objects.get()  # type: ignore[attr-defined]  # as ninja's auth sets it
+    # As the API's auth sets it: the token, with its team.
+    request.auth = ApiToken.objects.select_related("team").get()  # type: ignore[attr-defined]
     run = Run.objects.get(pk=started["id"])
     with django_assert_num_queries(1):
         described = endpoints.run_out(request, run)
@@ -138,7 +140,10 @@ def test_a_requests_lookups_of_one_row_sort_nothing(api: Api) -> None:
     lookups = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT")]
     token = [sql for sql in lookups if 'FROM "actions_apitoken"' in sql]
     interrupt = [
-        sql for sql in lookups if 'FROM "actions_interrupt"' in sql and '"actions_interrupt"."id" =' in sql
+        sql
+        for sql in lookups
+        if 'FROM "actions_interrupt"' in sql
+        and ('"actions_interrupt"."id" =' in sql or 'WHERE "id" =' in sql)
     ]
     assert token and interrupt
     assert not [sql for sql in token + interrupt if "ORDER BY" in sql]
@@ -243,6 +248,22 @@ def test_without_a_valid_token_everything_is_401(client: Client, api: Api, team:
     token.revoke()
     response = api.get("/actions")
     assert response.status_code == 401 and response.json() == {"detail": "Unauthorized"}
+
+
+def test_a_request_notes_when_its_token_was_last_used_at_most_once_a_minute(api: Api, team: Team) -> None:
+    token = ApiToken.objects.get(team=team)
+    assert token.last_used_at is None
+    assert api.get("/actions").status_code == 200
+    token.refresh_from_db()
+    first = token.last_used_at
+    assert first is not None
+    assert api.get("/actions").status_code == 200
+    token.refresh_from_db()
+    assert token.last_used_at == first, "not written again within the minute"
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=first - timedelta(minutes=2))
+    assert api.get("/actions").status_code == 200
+    token.refresh_from_db()
+    assert token.last_used_at > first - timedelta(minutes=1)
 
 
 def test_another_teams_runs_and_interrupts_are_404(api: Api, other_api: Api) -> None:

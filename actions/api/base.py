@@ -11,12 +11,17 @@ from ninja import NinjaAPI, Schema
 from ninja.security import HttpBearer
 from pydantic import ConfigDict, Field, model_validator
 
-from actions.models import ApiToken
+from actions import engine
+from actions.models import ApiToken, hash_token
 
 
 class TokenAuth(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str) -> ApiToken | None:
-        return ApiToken.authenticate(token)
+        """ApiToken.authenticate, read as the engine reads (every API request starts here)."""
+        found = engine.token_in_force(hash_token(token))
+        if found is not None:
+            found.used()
+        return found
 
 
 def token_of(request: HttpRequest) -> ApiToken:

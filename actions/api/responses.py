@@ -13,11 +13,11 @@ from django.urls import reverse
 from ninja import Status
 from ninja.errors import HttpError
 
+from actions import engine
 from actions.api.base import WAIT_DECLINED, token_of
 from actions.live import waiting
 from actions.models import ApiToken, Interrupt, Run
 from actions.reads.records import (
-    INTERRUPT_OUT_FIELDS,
     requires_out,
     run_fields,
     transcript_entry,
@@ -46,11 +46,11 @@ def run_out(request: HttpRequest, run: Run, *, transcript: bool = False) -> dict
         pending = next((it for it in interrupts if it.status == Interrupt.Status.PENDING), None)
     elif run.status == Run.Status.INTERRUPTED:
         # The one it waits on, only while it is interrupted: its interrupts are recorded with
-        # that status, and it moves on only once none is left pending. Only what interrupt_out
-        # tells of it (never its checkpoint): the other columns, JSON most, cost twice the query.
-        waiting_on = Interrupt.objects.filter(run_id=run.pk, status=Interrupt.Status.PENDING)
-        contract = waiting_on.select_related("team", "escalate_to")
-        pending = contract.only(*INTERRUPT_OUT_FIELDS).order_by("seq").first()
+        # that status, and it moves on only once none is left pending.
+        pending = engine.waiting_on(run.pk)
+        token = token_of(request)
+        if pending is not None and pending.team_id == token.team_id:
+            pending.team = token.team  # read with the token: its slug is what is told
     else:
         pending = None
     body: dict[str, Any] = {
@@ -63,20 +63,17 @@ def run_out(request: HttpRequest, run: Run, *, transcript: bool = False) -> dict
 
 
 def get_run(token: ApiToken, run_id: int, consumer: str | None = None) -> Run:
-    runs = Run.objects.filter(team=token.team_id)
-    if consumer:
-        runs = runs.filter(consumer=consumer)
-    try:
-        return runs.get(pk=run_id)  # one or none: no ORDER BY to compile
-    except Run.DoesNotExist:
-        raise HttpError(404, "Not Found") from None
+    run = engine.read_run(run_id, token.team_id, consumer or None)
+    if run is None:
+        raise HttpError(404, "Not Found")
+    return run
 
 
 def get_interrupt(token: ApiToken, interrupt_id: int) -> Interrupt:
-    try:
-        return Interrupt.objects.get(Interrupt.visible_to([token.team_id]), pk=interrupt_id)
-    except Interrupt.DoesNotExist:
-        raise HttpError(404, "Not Found") from None
+    interrupt = engine.visible_interrupt(interrupt_id, token.team_id)
+    if interrupt is None:
+        raise HttpError(404, "Not Found")
+    return interrupt
 
 
 # Waiting: `Prefer: wait=N` (RFC 7240) holds the response until the run settles.

@@ -73,7 +73,14 @@ from actions.engine.rules import live_grants, outcome_of
 # Loading steps registers its runner with the queue (queue.steps_run_by): the queue hands runs
 # over through it. tests/test_engine.py checks it is registered.
 from actions.engine.steps import execute_step, pending_interrupts, record, start_run
-from actions.engine.store import counted_approvals, snapshot
+from actions.engine.store import (
+    counted_approvals,
+    read_run,
+    snapshot,
+    token_in_force,
+    visible_interrupt,
+    waiting_on,
+)
 
 __all__ = [
     "DATABASE_UNAVAILABLE",
@@ -122,7 +129,11 @@ __all__ = [
     "reject",
     "resume",
     "separation_of_duties",
+    "read_run",
     "snapshot",
+    "token_in_force",
+    "visible_interrupt",
+    "waiting_on",
     "start_run",
     "sweep",
     "validate_answer",

@@ -22,7 +22,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from django.db.models.expressions import Col
 
-from actions.models import AuditChain, InboxStream, Interrupt, Policy, Run, RunEvent, Team
+from actions.models import ApiToken, AuditChain, InboxStream, Interrupt, Policy, Run, RunEvent, Team
 
 M = TypeVar("M", bound=models.Model)
 
@@ -206,7 +206,8 @@ def default_db() -> BaseDatabaseWrapper:
 # table, {Run.status} its status column, quoted for the database in use.
 
 _MODELS: dict[str, type[models.Model]] = {
-    model.__name__: model for model in (Run, Interrupt, RunEvent, Policy, InboxStream, AuditChain, Team)
+    model.__name__: model
+    for model in (Run, Interrupt, RunEvent, Policy, InboxStream, AuditChain, Team, ApiToken)
 }
 
 

@@ -3,7 +3,8 @@ event log and the audit chain are functions here, named for what they do (a new 
 inserted with actions.engine.sql.insert, its one generic statement).
 
 The rule: a statement on the path of a pause and its decision (measured by
-bench/engine_throughput.py) is written in SQL, through actions.engine.sql's templates (a
+bench/engine_throughput.py), and a read an API request on that path makes (bench/api_latency.py),
+is written in SQL, through actions.engine.sql's templates (a
 conditional UPDATE with RETURNING, PostgreSQL and SQLite 3.35+), and its rows come back as
 model instances through ``Model.from_db``; anything else is the ORM, inside a function here when
 the engine calls it more than once. Through the ORM, each statement of that path cost several
@@ -31,7 +32,7 @@ from django.db.models import BooleanField, F, Func, Q, Value
 from django.db.models.expressions import RawSQL
 
 from actions.engine.sql import Json, adapted, default_db, execute, fetch, open_cursor, sql
-from actions.models import GENESIS, Approval, Interrupt, Policy, Run
+from actions.models import GENESIS, ApiToken, Approval, Interrupt, Policy, Run, Team
 
 logger = logging.getLogger(__name__)
 
@@ -479,6 +480,71 @@ def resume_if_nothing_pending(run_id: int, now: datetime, lease_expires_at: date
 def interrupt(interrupt_id: int) -> Interrupt:
     (found,) = fetch(Interrupt, sql("SELECT * FROM {Interrupt} WHERE {Interrupt.id} = %s"), [interrupt_id])
     return found
+
+
+def read_run(run_id: int, team_id: int | None = None, consumer: str | None = None) -> Run | None:
+    """The run; None when there is none (of team ``team_id``, by driver ``consumer``, where
+    given). What an API request on the path of a pause and its decision reads of it, each
+    time `Prefer: wait` looks again."""
+    where = ["{Run.id} = %s"]
+    params: list[Any] = [run_id]
+    if team_id is not None:
+        where.append("{Run.team} = %s")
+        params.append(team_id)
+    if consumer is not None:
+        where.append("{Run.consumer} = %s")
+        params.append(consumer)
+    found = fetch(Run, sql("SELECT * FROM {Run} WHERE " + " AND ".join(where)), params)
+    return found[0] if found else None
+
+
+def token_in_force(key_hash: str) -> ApiToken | None:
+    """The API token of that hash, not revoked, with its team: what every API request reads
+    first (ApiToken.authenticate, in two statements without the ORM's compiling)."""
+    found = fetch(
+        ApiToken,
+        sql("SELECT * FROM {ApiToken} WHERE {ApiToken.key_hash} = %s AND {ApiToken.revoked_at} IS NULL"),
+        [key_hash],
+    )
+    if not found:
+        return None
+    (token,) = found
+    (token.team,) = fetch(Team, sql("SELECT * FROM {Team} WHERE {Team.id} = %s"), [token.team_id])
+    return token
+
+
+def visible_interrupt(interrupt_id: int, team_id: int) -> Interrupt | None:
+    """The interrupt, if team ``team_id`` sees it (Interrupt.visible_to: its own, or escalated
+    to it); None otherwise."""
+    found = fetch(
+        Interrupt,
+        sql(
+            "SELECT * FROM {Interrupt} WHERE {Interrupt.id} = %s AND ({Interrupt.team} = %s"
+            " OR ({Interrupt.escalate_to} = %s AND {Interrupt.escalated_at} IS NOT NULL))"
+        ),
+        [interrupt_id, team_id, team_id],
+    )
+    return found[0] if found else None
+
+
+def waiting_on(run_id: int) -> Interrupt | None:
+    """The pending interrupt the run waits on (the first), with what the API tells of it and
+    of its decision contract: never its checkpoint, nor the other JSON columns, which cost
+    more to read than the rest."""
+    found = fetch(
+        Interrupt,
+        sql(
+            "SELECT {Interrupt.id}, {Interrupt.run}, {Interrupt.seq}, {Interrupt.team},"
+            " {Interrupt.status}, {Interrupt.message}, {Interrupt.data}, {Interrupt.tool_call_id},"
+            " {Interrupt.approvals_required}, {Interrupt.assignees},"
+            " {Interrupt.requester_may_approve}, {Interrupt.expires_at}, {Interrupt.default_answer},"
+            " {Interrupt.escalate_to}, {Interrupt.escalate_at}, {Interrupt.escalated_at}"
+            " FROM {Interrupt} WHERE {Interrupt.run} = %s AND {Interrupt.status} = %s"
+            " ORDER BY {Interrupt.seq} LIMIT 1"
+        ),
+        [run_id, Interrupt.Status.PENDING],
+    )
+    return found[0] if found else None
 
 
 def pending_interrupts(run_id: int) -> list[Interrupt]:

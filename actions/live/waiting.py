@@ -175,7 +175,9 @@ async def settle(
     waiter = _Waiter(done)
 
     def read(run_id: int) -> T:
-        run = Run.objects.get(pk=run_id)
+        run = store.read_run(run_id)
+        if run is None:
+            raise Run.DoesNotExist(f"run {run_id} is gone")  # deleted while waited for
         timed_out = _stopping.is_set() or (deadline is not None and deadline - time.monotonic() <= 0)
         return describe(run) if run.status in done or timed_out else _NOT_YET
 

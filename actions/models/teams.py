@@ -88,12 +88,16 @@ class ApiToken(models.Model):
             token = cls.objects.select_related("team").get(key_hash=hash_token(key), revoked_at=None)
         except cls.DoesNotExist:
             return None
-        now = timezone.now()
-        # Written at most once a minute: a busy client must not turn reads into writes.
-        if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
-            cls.objects.filter(pk=token.pk).update(last_used_at=now)
-            token.last_used_at = now
+        token.used()
         return token
+
+    def used(self) -> None:
+        """Note that the token was used now: written at most once a minute (a busy client must
+        not turn reads into writes)."""
+        now = timezone.now()
+        if self.last_used_at is None or (now - self.last_used_at).total_seconds() > 60:
+            ApiToken.objects.filter(pk=self.pk).update(last_used_at=now)
+            self.last_used_at = now
 
     @classmethod
     def from_authorization(cls, header: str) -> ApiToken | None:

@@ -19,7 +19,6 @@ REQUIRES_FIELDS = (
     "escalate_at",
     "escalated_at",
 )
-INTERRUPT_OUT_FIELDS = ("id", "seq", "message", "data", "tool_call_id", *REQUIRES_FIELDS)
 
 
 def requires_out(it: Interrupt, viewer: int) -> dict[str, Any]:
