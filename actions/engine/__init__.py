@@ -75,7 +75,9 @@ from actions.engine.rules import live_grants, outcome_of
 from actions.engine.steps import execute_step, pending_interrupts, record, start_run
 from actions.engine.store import (
     counted_approvals,
+    read_interrupt,
     read_run,
+    read_team,
     snapshot,
     token_in_force,
     visible_interrupt,
@@ -129,7 +131,9 @@ __all__ = [
     "reject",
     "resume",
     "separation_of_duties",
+    "read_interrupt",
     "read_run",
+    "read_team",
     "snapshot",
     "token_in_force",
     "visible_interrupt",

@@ -498,6 +498,23 @@ def read_run(run_id: int, team_id: int | None = None, consumer: str | None = Non
     return found[0] if found else None
 
 
+def read_team(team_id: int) -> Team:
+    """A team that a row names (its foreign key holds it: there is one)."""
+    (team,) = fetch(Team, sql("SELECT * FROM {Team} WHERE {Team.id} = %s"), [team_id])
+    return team
+
+
+def read_interrupt(interrupt_id: int) -> Interrupt | None:
+    """The interrupt, with its team and its run (what a notification tells of it)."""
+    found = fetch(Interrupt, sql("SELECT * FROM {Interrupt} WHERE {Interrupt.id} = %s"), [interrupt_id])
+    if not found:
+        return None
+    (it,) = found
+    (it.run,) = fetch(Run, sql("SELECT * FROM {Run} WHERE {Run.id} = %s"), [it.run_id])
+    it.team = read_team(it.team_id)
+    return it
+
+
 def token_in_force(key_hash: str) -> ApiToken | None:
     """The API token of that hash, not revoked, with its team: what every API request reads
     first (ApiToken.authenticate, in two statements without the ORM's compiling)."""
@@ -509,7 +526,7 @@ def token_in_force(key_hash: str) -> ApiToken | None:
     if not found:
         return None
     (token,) = found
-    (token.team,) = fetch(Team, sql("SELECT * FROM {Team} WHERE {Team.id} = %s"), [token.team_id])
+    token.team = read_team(token.team_id)
     return token
 
 

@@ -18,7 +18,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, InterfaceError, OperationalError, close_old_connections, transaction
 from django.utils import timezone
 
-from actions import background
+from actions import background, engine
 from actions.models import (
     DeliveryAttempt,
     Fanout,
@@ -126,14 +126,20 @@ def fan_out(event: RunEvent, subscribers: Subscribers | None = None) -> list[Not
         return []
     subscribers = subscribers or Subscribers()
     it: Interrupt | None = None
+    # Read as the engine reads (actions.engine.store): these are on every event's path.
     if kind.startswith("interrupt."):
         assert event.interrupt_id is not None  # the interrupt's own events name it
-        it = Interrupt.objects.select_related("team", "run").get(pk=event.interrupt_id)
+        it = engine.read_interrupt(event.interrupt_id)
+        if it is None:
+            raise Interrupt.DoesNotExist(f"interrupt {event.interrupt_id}")
         team_ids, data = it.team_ids, interrupt_data(it)
         if kind == "interrupt.commented":
             data["comment"] = {"by": event.actor_name, "body": event.detail.get("body", "")}
     else:
-        run = Run.objects.select_related("team").get(pk=event.run_id)
+        run = engine.read_run(event.run_id)
+        if run is None:
+            raise Run.DoesNotExist(f"run {event.run_id}")
+        run.team = engine.read_team(run.team_id)
         team_ids, data = [run.team_id], run_data(run)
     # As JSON once, as the API would write it (times in ISO 8601), for every recipient.
     body = json.loads(json.dumps({"type": kind, "timestamp": event.at, "data": data}, cls=DjangoJSONEncoder))
