@@ -10,6 +10,7 @@ import pytest
 from django.core.management import call_command
 from django.test import Client
 
+from actions import engine
 from actions.models import ApiToken, Policy, Run, Team
 
 # Runs with steps in workers and inline (tests/conftest.py).
@@ -324,7 +325,7 @@ def test_create_api_token_prints_the_key_alone_on_the_last_line(team: Team, caps
     call_command("create_api_token", "finance", "--name", "deploy-bot")
     key = capsys.readouterr().out.strip().splitlines()[-1]
     assert key.startswith("gl_")
-    token = ApiToken.authenticate(key)
+    token = engine.authenticate(key)
     assert token is not None and token.name == "deploy-bot" and token.team == team
     assert key not in str(ApiToken.objects.values_list()), "only the hash is stored"
 

@@ -232,7 +232,7 @@ def test_cancelling_is_a_decision_an_assigned_approval_is_not_ended_by_another_m
     run = Run.objects.get(pk=interrupt.run_id)
     with pytest.raises(engine.NotAllowed, match="Only reviewer2 may decide this"):
         engine.cancel(run, reviewer)
-    token = ApiToken.authenticate(token_key)
+    token = engine.authenticate(token_key)
     assert token is not None
     with pytest.raises(engine.NotAllowed, match="may not decide"):
         engine.cancel(run, token)

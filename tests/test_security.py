@@ -163,7 +163,7 @@ def test_tokens_are_listed_and_revoked_by_management_command(team: Team, capsys:
     listing = capsys.readouterr().out
     assert "deploy-bot" in listing and token.prefix in listing and key not in listing
     call_command("api_tokens", "revoke", key[:10])
-    assert ApiToken.authenticate(key) is None
+    assert engine.authenticate(key) is None
     assert Client().get("/api/actions", headers={"Authorization": f"Bearer {key}"}).status_code == 401
 
 

@@ -12,16 +12,12 @@ from ninja.security import HttpBearer
 from pydantic import ConfigDict, Field, model_validator
 
 from actions import engine
-from actions.models import ApiToken, hash_token
+from actions.models import ApiToken
 
 
 class TokenAuth(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str) -> ApiToken | None:
-        """ApiToken.authenticate, read as the engine reads (every API request starts here)."""
-        found = engine.token_in_force(hash_token(token))
-        if found is not None:
-            found.used()
-        return found
+        return engine.authenticate(token)
 
 
 def token_of(request: HttpRequest) -> ApiToken:

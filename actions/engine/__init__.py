@@ -74,6 +74,7 @@ from actions.engine.rules import live_grants, outcome_of
 # over through it. tests/test_engine.py checks it is registered.
 from actions.engine.steps import execute_step, pending_interrupts, record, start_run
 from actions.engine.store import (
+    authenticate,
     counted_approvals,
     read_interrupt,
     read_run,
@@ -115,6 +116,7 @@ __all__ = [
     "agreement_key",
     "approve",
     "apply_policies",
+    "authenticate",
     "cancel",
     "check_size",
     "counted_approvals",

@@ -32,7 +32,7 @@ from django.db.models import BooleanField, F, Func, Q, Value
 from django.db.models.expressions import RawSQL
 
 from actions.engine.sql import Json, adapted, default_db, execute, fetch, open_cursor, sql
-from actions.models import GENESIS, ApiToken, Approval, Interrupt, Policy, Run, Team
+from actions.models import GENESIS, ApiToken, Approval, Interrupt, Policy, Run, Team, hash_token
 
 logger = logging.getLogger(__name__)
 
@@ -527,6 +527,15 @@ def token_in_force(key_hash: str) -> ApiToken | None:
         return None
     (token,) = found
     token.team = read_team(token.team_id)
+    return token
+
+
+def authenticate(key: str | None) -> ApiToken | None:
+    """The API token in force that ``key`` is (every API request, MCP call and idempotent POST
+    asks first), its use noted."""
+    token = token_in_force(hash_token(key)) if key else None
+    if token is not None:
+        token.used()
     return token
 
 

@@ -18,6 +18,7 @@ from django.http.request import split_domain_port, validate_host
 from mcp.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
+from actions import engine
 from actions.live import waiting
 from actions.mcp.results import caller_token, off_the_loop
 from actions.mcp.server import build_server
@@ -113,8 +114,8 @@ class Endpoint:
         if origin is not None and not origin_allowed(origin):
             await _respond(send, 403, {"error": "forbidden", "error_description": "Origin not allowed"}, [])
             return
-        token = await off_the_loop(ApiToken.from_authorization)(
-            headers.get(b"authorization", b"").decode("latin-1")
+        token = await off_the_loop(engine.authenticate)(
+            ApiToken.key_in(headers.get(b"authorization", b"").decode("latin-1"))
         )
         if token is None:
             body = {"error": "invalid_token", "error_description": "An API token is required (Bearer)"}

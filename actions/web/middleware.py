@@ -241,7 +241,7 @@ class IdempotencyMiddleware:
                 {"detail": f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters"},
                 status=400,
             )
-        token = ApiToken.from_authorization(request.headers.get("Authorization", ""))
+        token = engine.authenticate(ApiToken.key_in(request.headers.get("Authorization", "")))
         if token is None:
             return self.get_response(request)  # refused by the API's own authentication
         digest = engine.idempotency.request_hash(request.method, request.get_full_path(), request.body)
