@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.test import Client
+from django.utils import timezone
 
 from actions import engine
-from actions.models import ApiToken, Policy, Run, Team
+from actions.models import ApiToken, Interrupt, Policy, Run, Team, hash_token
 
 # Runs with steps in workers and inline (tests/conftest.py).
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("steps")]
@@ -275,6 +276,33 @@ def test_another_teams_runs_and_interrupts_are_404(api: Api, other_api: Api) -> 
     assert other_api.post(f"/interrupts/{interrupt_id}/reject", {"error": "x"}).status_code == 404
     assert other_api.get("/interrupts?status=pending").json()["items"] == []
     assert [i["id"] for i in api.get("/interrupts?status=pending").json()["items"]] == [interrupt_id]
+    # Escalated to the other team (its deadline passed), it is theirs to see and decide too;
+    # due to escalate but not yet escalated, it is not.
+    other_team = ApiToken.objects.get(key_hash=hash_token(other_api.key)).team
+    Interrupt.objects.filter(pk=interrupt_id).update(escalate_to=other_team)
+    assert other_api.post(f"/interrupts/{interrupt_id}/reject", {"reason": "x"}).status_code == 404
+    Interrupt.objects.filter(pk=interrupt_id).update(escalated_at=timezone.now())
+    # Its contract, as the run's own team reads it, names both teams (no query left deferred).
+    paused = api.get(f"/runs/{run['id']}").json()["interrupt"]["requires"]
+    assert (paused["team"], paused["escalate_to"]) == ("finance", other_team.slug)
+    rejected = other_api.post(f"/interrupts/{interrupt_id}/reject", {"reason": "not ours"})
+    assert rejected.status_code == 200 and rejected.json()["status"] == "rejected"
+    assert other_api.get(f"/runs/{run['id']}").status_code == 404, "the run stays its own team's"
+
+
+def test_an_id_no_row_can_have_is_404_not_an_error(api: Api) -> None:
+    huge = 2**64
+    assert api.get(f"/runs/{huge}").status_code == 404
+    assert api.post(f"/interrupts/{huge}/resume", {"data": {}}).status_code == 404
+    assert api.post(f"/interrupts/{huge}/reject", {"reason": "x"}).status_code == 404
+
+
+def test_the_bearer_header_is_read_alike_by_the_api_and_mcp(api: Api, client: Client) -> None:
+    # A key with a space after it, as some clients send it: accepted by every entry point.
+    assert client.get("/api/actions", headers={"Authorization": f"Bearer {api.key} "}).status_code == 200
+    assert client.get("/api/actions", headers={"Authorization": f"bearer {api.key}"}).status_code == 200
+    for header in ("Bearer", "Bearer ", f"Basic {api.key}", api.key):
+        assert client.get("/api/actions", headers={"Authorization": header}).status_code == 401, header
 
 
 def test_without_prefer_wait_the_response_does_not_wait(api: Api) -> None:

@@ -16,6 +16,12 @@ from actions.models import ApiToken
 
 
 class TokenAuth(HttpBearer):
+    """The bearer token, read from its header as MCP and the idempotency middleware read it
+    (ApiToken.key_in), so that the three accept the same headers."""
+
+    def __call__(self, request: HttpRequest) -> ApiToken | None:
+        return engine.authenticate(ApiToken.key_in(request.headers.get("Authorization", "")))
+
     def authenticate(self, request: HttpRequest, token: str) -> ApiToken | None:
         return engine.authenticate(token)
 

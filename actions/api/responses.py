@@ -8,6 +8,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from django.conf import settings
+from django.db.models import prefetch_related_objects
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from ninja import Status
@@ -41,18 +42,22 @@ def interrupt_out(request: HttpRequest, it: Interrupt) -> dict[str, Any]:
 
 def run_out(request: HttpRequest, run: Run, *, transcript: bool = False) -> dict[str, Any]:
     if transcript:
-        ordered = run.interrupts.order_by("seq").select_related("team", "escalate_to")
-        interrupts = list(ordered.prefetch_related("approvals__user"))
+        interrupts = engine.run_interrupts(run.pk)
+        # The approvals of those that need several (the transcript tells each), in one query.
+        prefetch_related_objects([it for it in interrupts if it.approvals_required > 1], "approvals__user")
         pending = next((it for it in interrupts if it.status == Interrupt.Status.PENDING), None)
     elif run.status == Run.Status.INTERRUPTED:
         # The one it waits on, only while it is interrupted: its interrupts are recorded with
         # that status, and it moves on only once none is left pending.
         pending = engine.waiting_on(run.pk)
-        token = token_of(request)
-        if pending is not None and pending.team_id == token.team_id:
-            pending.team = token.team  # read with the token: its slug is what is told
     else:
         pending = None
+    if pending is not None:
+        # The teams whose slugs its contract tells: the token's, read with it, as a rule.
+        token = token_of(request)
+        pending.team = token.team if pending.team_id == token.team_id else engine.read_team(pending.team_id)
+        if pending.escalate_to_id is not None:
+            pending.escalate_to = engine.read_team(pending.escalate_to_id)
     body: dict[str, Any] = {
         **run_fields(run),
         "interrupt": interrupt_out(request, pending) if pending else None,
@@ -63,7 +68,7 @@ def run_out(request: HttpRequest, run: Run, *, transcript: bool = False) -> dict
 
 
 def get_run(token: ApiToken, run_id: int, consumer: str | None = None) -> Run:
-    run = engine.read_run(run_id, token.team_id, consumer or None)
+    run = engine.team_run(run_id, token.team_id, consumer)
     if run is None:
         raise HttpError(404, "Not Found")
     return run

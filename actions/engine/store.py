@@ -482,16 +482,27 @@ def interrupt(interrupt_id: int) -> Interrupt:
     return found
 
 
-def read_run(run_id: int, team_id: int | None = None, consumer: str | None = None) -> Run | None:
-    """The run; None when there is none (of team ``team_id``, by driver ``consumer``, where
-    given). What an API request on the path of a pause and its decision reads of it, each
-    time `Prefer: wait` looks again."""
+# An id the database cannot hold names no row (SQLite's driver refuses the number itself).
+_MAX_ID = 2**63 - 1
+
+
+def read_run(run_id: int) -> Run | None:
+    """The run; None when there is none. What `Prefer: wait` reads each time it looks again."""
+    return team_run(run_id, None)
+
+
+def team_run(run_id: int, team_id: int | None, consumer: str | None = None) -> Run | None:
+    """The run, if it is team ``team_id``'s (None: any team's, for what acts for the engine
+    itself) and, where given, by driver ``consumer``; None otherwise. What an API request
+    names a run by."""
+    if not 0 < run_id <= _MAX_ID:
+        return None
     where = ["{Run.id} = %s"]
     params: list[Any] = [run_id]
     if team_id is not None:
         where.append("{Run.team} = %s")
         params.append(team_id)
-    if consumer is not None:
+    if consumer:
         where.append("{Run.consumer} = %s")
         params.append(consumer)
     found = fetch(Run, sql("SELECT * FROM {Run} WHERE " + " AND ".join(where)), params)
@@ -499,25 +510,30 @@ def read_run(run_id: int, team_id: int | None = None, consumer: str | None = Non
 
 
 def read_team(team_id: int) -> Team:
-    """A team that a row names (its foreign key holds it: there is one)."""
-    (team,) = fetch(Team, sql("SELECT * FROM {Team} WHERE {Team.id} = %s"), [team_id])
-    return team
+    """A team that a row names (its foreign key holds it). Raises Team.DoesNotExist should
+    it have been deleted since the row was read."""
+    found = fetch(Team, sql("SELECT * FROM {Team} WHERE {Team.id} = %s"), [team_id])
+    if not found:
+        raise Team.DoesNotExist(f"team {team_id}")
+    return found[0]
 
 
 def read_interrupt(interrupt_id: int) -> Interrupt | None:
-    """The interrupt, with its team and its run (what a notification tells of it)."""
+    """The interrupt, with its team and its run (what a notification tells of it); None when
+    it is gone."""
     found = fetch(Interrupt, sql("SELECT * FROM {Interrupt} WHERE {Interrupt.id} = %s"), [interrupt_id])
     if not found:
         return None
     (it,) = found
-    (it.run,) = fetch(Run, sql("SELECT * FROM {Run} WHERE {Run.id} = %s"), [it.run_id])
-    it.team = read_team(it.team_id)
+    run = read_run(it.run_id)
+    if run is None:
+        return None  # deleted with its run meanwhile
+    it.run, it.team = run, read_team(it.team_id)
     return it
 
 
 def token_in_force(key_hash: str) -> ApiToken | None:
-    """The API token of that hash, not revoked, with its team: what every API request reads
-    first (ApiToken.authenticate, in two statements without the ORM's compiling)."""
+    """The API token of that hash, not revoked, with its team (``authenticate``'s read)."""
     found = fetch(
         ApiToken,
         sql("SELECT * FROM {ApiToken} WHERE {ApiToken.key_hash} = %s AND {ApiToken.revoked_at} IS NULL"),
@@ -533,15 +549,20 @@ def token_in_force(key_hash: str) -> ApiToken | None:
 def authenticate(key: str | None) -> ApiToken | None:
     """The API token in force that ``key`` is (every API request, MCP call and idempotent POST
     asks first), its use noted."""
-    token = token_in_force(hash_token(key)) if key else None
+    try:
+        token = token_in_force(hash_token(key)) if key else None
+    except Team.DoesNotExist:
+        return None  # its team deleted meanwhile, and the token with it
     if token is not None:
-        token.used()
+        token.note_use()
     return token
 
 
 def visible_interrupt(interrupt_id: int, team_id: int) -> Interrupt | None:
     """The interrupt, if team ``team_id`` sees it (Interrupt.visible_to: its own, or escalated
     to it); None otherwise."""
+    if not 0 < interrupt_id <= _MAX_ID:
+        return None
     found = fetch(
         Interrupt,
         sql(
@@ -610,6 +631,25 @@ def team_policy(team_id: int, action_name: str) -> tuple[Policy | None, int, str
         )
         version, slug, policy_id = cursor.fetchone()
     return (policy_override(team_id, action_name) if policy_id is not None else None), version, slug
+
+
+def run_interrupts(run_id: int) -> list[Interrupt]:
+    """The run's interrupts, in order: its transcript (never the checkpoint, which a
+    description of the run does not tell)."""
+    return fetch(
+        Interrupt,
+        sql(
+            "SELECT {Interrupt.id}, {Interrupt.run}, {Interrupt.seq}, {Interrupt.team},"
+            " {Interrupt.action}, {Interrupt.status}, {Interrupt.message}, {Interrupt.data},"
+            " {Interrupt.tool_call_id}, {Interrupt.binding}, {Interrupt.answer},"
+            " {Interrupt.edited_arguments}, {Interrupt.reason}, {Interrupt.decided_by_name},"
+            " {Interrupt.decided_at}, {Interrupt.created_at}, {Interrupt.approvals_required},"
+            " {Interrupt.assignees}, {Interrupt.requester_may_approve}, {Interrupt.expires_at},"
+            " {Interrupt.default_answer}, {Interrupt.escalate_to}, {Interrupt.escalate_at},"
+            " {Interrupt.escalated_at} FROM {Interrupt} WHERE {Interrupt.run} = %s ORDER BY {Interrupt.seq}"
+        ),
+        [run_id],
+    )
 
 
 def decided_interrupts(run_id: int) -> list[Interrupt]:

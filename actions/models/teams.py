@@ -80,7 +80,7 @@ class ApiToken(models.Model):
         token = cls.objects.create(team=team, name=name, prefix=key[:10], key_hash=hash_token(key))
         return token, key
 
-    def used(self) -> None:
+    def note_use(self) -> None:
         """Note that the token was used now: written at most once a minute (a busy client must
         not turn reads into writes)."""
         now = timezone.now()

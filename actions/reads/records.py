@@ -6,7 +6,6 @@ from typing import Any
 
 from actions.models import Interrupt, Run
 
-# The columns interrupt_out reads.
 # What an interrupt's contract is read from (Requires), its teams' slugs joined.
 REQUIRES_FIELDS = (
     "team__slug",
