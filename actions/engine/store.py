@@ -31,7 +31,7 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import BooleanField, F, Func, Q, Value
 from django.db.models.expressions import RawSQL
 
-from actions.engine.sql import Json, adapted, default_db, execute, fetch, open_cursor, sql
+from actions.engine.sql import Json, M, adapted, default_db, execute, fetch, open_cursor, sql
 from actions.models import GENESIS, ApiToken, Approval, Interrupt, Policy, Run, Team, hash_token
 
 logger = logging.getLogger(__name__)
@@ -477,8 +477,17 @@ def resume_if_nothing_pending(run_id: int, now: datetime, lease_expires_at: date
 # cycle (bench/engine_throughput.py: 319 against 213 cycles per second).
 
 
+def _by_id(model: type[M], pk: int) -> M | None:
+    """The row of ``model`` with that id, every column; None when there is none."""
+    name = model.__name__
+    found = fetch(model, sql(f"SELECT * FROM {{{name}}} WHERE {{{name}.id}} = %s"), [pk])
+    return found[0] if found else None
+
+
 def interrupt(interrupt_id: int) -> Interrupt:
-    (found,) = fetch(Interrupt, sql("SELECT * FROM {Interrupt} WHERE {Interrupt.id} = %s"), [interrupt_id])
+    found = _by_id(Interrupt, interrupt_id)
+    if found is None:  # a row the caller's transaction holds
+        raise ValueError(f"interrupt {interrupt_id} is gone")
     return found
 
 
@@ -512,19 +521,18 @@ def team_run(run_id: int, team_id: int | None, consumer: str | None = None) -> R
 def read_team(team_id: int) -> Team:
     """A team that a row names (its foreign key holds it). Raises Team.DoesNotExist should
     it have been deleted since the row was read."""
-    found = fetch(Team, sql("SELECT * FROM {Team} WHERE {Team.id} = %s"), [team_id])
-    if not found:
+    team = _by_id(Team, team_id)
+    if team is None:
         raise Team.DoesNotExist(f"team {team_id}")
-    return found[0]
+    return team
 
 
 def read_interrupt(interrupt_id: int) -> Interrupt | None:
     """The interrupt, with its team and its run (what a notification tells of it); None when
     it is gone."""
-    found = fetch(Interrupt, sql("SELECT * FROM {Interrupt} WHERE {Interrupt.id} = %s"), [interrupt_id])
-    if not found:
+    it = _by_id(Interrupt, interrupt_id)
+    if it is None:
         return None
-    (it,) = found
     run = read_run(it.run_id)
     if run is None:
         return None  # deleted with its run meanwhile
@@ -574,20 +582,24 @@ def visible_interrupt(interrupt_id: int, team_id: int) -> Interrupt | None:
     return found[0] if found else None
 
 
+# What the API tells of an interrupt and of its decision contract (responses.interrupt_out):
+# never its checkpoint, nor the JSON columns it does not tell, which cost more than the rest.
+_TOLD = (
+    "{Interrupt.id}, {Interrupt.run}, {Interrupt.seq}, {Interrupt.team}, {Interrupt.status},"
+    " {Interrupt.message}, {Interrupt.data}, {Interrupt.tool_call_id},"
+    " {Interrupt.approvals_required}, {Interrupt.assignees}, {Interrupt.requester_may_approve},"
+    " {Interrupt.expires_at}, {Interrupt.default_answer}, {Interrupt.escalate_to},"
+    " {Interrupt.escalate_at}, {Interrupt.escalated_at}"
+)
+
+
 def waiting_on(run_id: int) -> Interrupt | None:
-    """The pending interrupt the run waits on (the first), with what the API tells of it and
-    of its decision contract: never its checkpoint, nor the other JSON columns, which cost
-    more to read than the rest."""
+    """The pending interrupt the run waits on (the first), with what the API tells of it."""
     found = fetch(
         Interrupt,
         sql(
-            "SELECT {Interrupt.id}, {Interrupt.run}, {Interrupt.seq}, {Interrupt.team},"
-            " {Interrupt.status}, {Interrupt.message}, {Interrupt.data}, {Interrupt.tool_call_id},"
-            " {Interrupt.approvals_required}, {Interrupt.assignees},"
-            " {Interrupt.requester_may_approve}, {Interrupt.expires_at}, {Interrupt.default_answer},"
-            " {Interrupt.escalate_to}, {Interrupt.escalate_at}, {Interrupt.escalated_at}"
-            " FROM {Interrupt} WHERE {Interrupt.run} = %s AND {Interrupt.status} = %s"
-            " ORDER BY {Interrupt.seq} LIMIT 1"
+            f"SELECT {_TOLD} FROM {{Interrupt}} WHERE {{Interrupt.run}} = %s"
+            " AND {Interrupt.status} = %s ORDER BY {Interrupt.seq} LIMIT 1"
         ),
         [run_id, Interrupt.Status.PENDING],
     )
@@ -639,14 +651,10 @@ def run_interrupts(run_id: int) -> list[Interrupt]:
     return fetch(
         Interrupt,
         sql(
-            "SELECT {Interrupt.id}, {Interrupt.run}, {Interrupt.seq}, {Interrupt.team},"
-            " {Interrupt.action}, {Interrupt.status}, {Interrupt.message}, {Interrupt.data},"
-            " {Interrupt.tool_call_id}, {Interrupt.binding}, {Interrupt.answer},"
+            f"SELECT {_TOLD}, {{Interrupt.action}}, {{Interrupt.binding}}, {{Interrupt.answer}},"
             " {Interrupt.edited_arguments}, {Interrupt.reason}, {Interrupt.decided_by_name},"
-            " {Interrupt.decided_at}, {Interrupt.created_at}, {Interrupt.approvals_required},"
-            " {Interrupt.assignees}, {Interrupt.requester_may_approve}, {Interrupt.expires_at},"
-            " {Interrupt.default_answer}, {Interrupt.escalate_to}, {Interrupt.escalate_at},"
-            " {Interrupt.escalated_at} FROM {Interrupt} WHERE {Interrupt.run} = %s ORDER BY {Interrupt.seq}"
+            " {Interrupt.decided_at}, {Interrupt.created_at}"
+            " FROM {Interrupt} WHERE {Interrupt.run} = %s ORDER BY {Interrupt.seq}"
         ),
         [run_id],
     )

@@ -234,7 +234,13 @@ class Interrupt(models.Model):
 
     @classmethod
     def visible_to(cls, team_ids: Any) -> models.Q:
-        return models.Q(team__in=team_ids) | models.Q(escalate_to__in=team_ids, escalated_at__isnull=False)
+        theirs, escalated = cls.seen_by(team_ids)
+        return theirs | escalated
+
+    @staticmethod
+    def seen_by(team_ids: Any) -> tuple[models.Q, models.Q]:
+        """Why the teams see an interrupt, apart: it is theirs; it was escalated to them."""
+        return models.Q(team__in=team_ids), models.Q(escalate_to__in=team_ids, escalated_at__isnull=False)
 
     def summary(self, limit: int = 100) -> str:
         """``data`` on one line, for the inbox."""

@@ -106,8 +106,7 @@ def _visible(
     if newest is None or connection.vendor != "sqlite":
         return interrupts.filter(Interrupt.visible_to(teams))
     window = _after(interrupts, after)
-    theirs = window.filter(team__in=teams).values("pk")[:newest]
-    escalated = window.filter(escalate_to__in=teams, escalated_at__isnull=False).values("pk")[:newest]
+    theirs, escalated = (window.filter(why).values("pk")[:newest] for why in Interrupt.seen_by(teams))
     return everything.filter(Q(pk__in=theirs) | Q(pk__in=escalated))
 
 
