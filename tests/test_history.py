@@ -306,7 +306,7 @@ def test_a_page_of_search_results_is_the_same_whichever_plan_reads_it(
     team: Team, auditor: User, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # On SQLite a page is read by walking the history's index when most rows hold the words,
-    # and by looking the matches up otherwise (store._walks); both must find the same rows.
+    # and by looking the matches up otherwise (store._walk_budget); both must find the same rows.
     from actions.engine import store
     from actions.reads.history import filtered
 
@@ -328,11 +328,79 @@ def test_a_page_of_search_results_is_the_same_whichever_plan_reads_it(
     # Asking FTS5 about a row made (nearly) free: walking pays for any word most rows hold.
     monkeypatch.setattr(store, "_ASK_US", store._ID_US / 1000)
     if connection.vendor == "sqlite":
-        assert store._walks('"invoice"', 51) and not store._walks('"approve" "119"', 51)
+        assert store._walk_budget('"invoice"', 51) and not store._walk_budget('"approve" "119"', 51)
     assert {text: pages(text) for text in looked_up} == looked_up
     # What the figures and the exports read (every match) is the same set.
     every, _ = filtered({"q": "invoice"}, None)
     assert sorted(every.values_list("pk", flat=True)) == sorted(sum(looked_up["invoice"], []))
+
+
+@pytest.mark.usefixtures("database")
+def test_a_members_search_pages_are_the_same_whichever_plan_reads_them(
+    team: Team, other_team: Team, reviewer: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A member's page of a search walks their two lists (their team's, those escalated to it),
+    # asking FTS5 of each row, where that pays (store.first_matching); it looks the matches up
+    # when it does not, and when a walk's budget ends before its page (a word common in the
+    # history and rare in the team's rows). Every plan must find the same pages.
+    from actions.engine import store
+
+    ours = bulk_history(team, 70)
+    theirs = bulk_history(other_team, 130, decided_by="payroll1")
+    escalated = theirs[::4]
+    Interrupt.objects.filter(pk__in=[it.pk for it in escalated]).update(
+        escalate_to=team, escalated_at=timezone.now()
+    )
+    # "payroll": in every row of the other team's, and in one of the team's own, far down.
+    Interrupt.objects.filter(team=other_team).update(message="Approve payroll run?")
+    Interrupt.objects.filter(pk=ours[60].pk).update(message="Approve payroll for Kim?")
+    client = Client()
+    client.force_login(reviewer)
+
+    def pages(text: str) -> list[list[int]]:
+        found, after = [], ""
+        while True:
+            response = client.get("/history/", {"q": text, "after": after})
+            found.append([row.pk for row in response.context["rows"]])
+            if not (after := response.context["next_cursor"]):
+                return found
+
+    texts = ("invoice", "invoice 7", "payroll", "approve", "approve 69")
+    looked_up = {text: pages(text) for text in texts}
+    newest_first = sorted(ours + escalated, key=lambda it: (it.created_at, it.pk), reverse=True)
+    assert sum(looked_up["approve"], []) == [it.pk for it in newest_first]
+    assert [len(page) for page in looked_up["approve"]] == [50, 50, 3]
+    assert sum(looked_up["payroll"], []) == [
+        it.pk for it in newest_first if it.pk == ours[60].pk or it in escalated
+    ]
+
+    outcomes: list[bool] = []
+    walk = store.first_matching
+
+    def first_matching(*args: Any) -> list[int] | None:
+        found = walk(*args)
+        outcomes.append(found is not None)
+        return found
+
+    monkeypatch.setattr(store, "first_matching", first_matching)
+    # Asking FTS5 about a row made (nearly) free: a walk pays for any word more than a few rows
+    # hold, and reads its lists to their ends.
+    monkeypatch.setattr(store, "_ASK_US", store._ID_US / 1000)
+    walked = {}
+    for text in texts:
+        outcomes.clear()
+        walked[text] = pages(text)
+        if connection.vendor == "sqlite":
+            # An invoice's number is in a row or two: its matches are looked up.
+            assert outcomes and all(outcomes) == (text in ("invoice", "payroll", "approve")), text
+    assert walked == looked_up
+    # A walk allowed a page's length of rows: "payroll" is not among the team's newest 51, so
+    # the walk cannot tell and the matches are looked up; "approve" finds its pages at once.
+    outcomes.clear()
+    monkeypatch.setattr(store, "_walk_budget", lambda query, newest: newest)
+    assert {text: pages(text) for text in texts} == looked_up
+    if connection.vendor == "sqlite":
+        assert True in outcomes and False in outcomes
 
 
 # Exports

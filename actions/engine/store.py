@@ -28,7 +28,7 @@ from functools import cache
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, transaction
-from django.db.models import BooleanField, F, Func, Q, Value
+from django.db.models import BooleanField, F, Func, Q, QuerySet, Value
 from django.db.models.expressions import RawSQL
 
 from actions.engine.sql import Json, M, adapted, default_db, execute, fetch, open_cursor, sql
@@ -75,12 +75,10 @@ def interrupts_matching(text: str, newest: int | None = None) -> Q | None:
                 [text],
             )
         )
-    words = [word for word in text.split() if any(ch.isalnum() for ch in word)]
-    if not words:
+    query = _fts_query(text)
+    if query is None:
         return None
-    # Each word a phrase (quoted): FTS5's own syntax (AND, NEAR, column:) is not the user's.
-    query = " ".join('"' + word.replace('"', '""') + '"' for word in words)
-    if newest is not None and _walks(query, newest):
+    if newest is not None and _walk_budget(query, newest):
         # The row's id as the ORM names it where the filter lands (a subquery's alias included).
         return Q(
             Func(
@@ -99,6 +97,53 @@ def interrupts_matching(text: str, newest: int | None = None) -> Q | None:
     )
 
 
+def first_matching(lists: Sequence[QuerySet[Interrupt]], text: str, newest: int) -> list[int] | None:
+    """On SQLite, for a page of a search that reads only some of the history (a member's: their
+    team's rows, and those escalated to it): the ids of the first ``newest`` of each of
+    ``lists`` (querysets, each in the page's order) whose search document holds every word of
+    ``text``, found by asking FTS5 of each list's rows in turn. None when looking every match up
+    (``interrupts_matching``) is the better plan: when the matches are too few for a walk to
+    pay, or when a walk asked of as many rows as looking the matches up costs and had not found
+    its page (a word common in the history and rare in the list: the walk's cost is bounded)."""
+    query = _fts_query(text.replace("\x00", " "))
+    if query is None:
+        return []
+    budget = _walk_budget(query, newest)
+    if not budget:
+        return None
+    found: list[int] = []
+    with open_cursor(default_db()) as cursor:
+        for rows in lists:
+            walked = list(rows.values_list("pk", flat=True)[:budget])
+            held: list[int] = []
+            # A page's length at a time: a word most rows hold finds its page in one.
+            for start in range(0, len(walked), newest):
+                chunk = walked[start : start + newest]
+                cursor.execute(
+                    "SELECT rowid FROM actions_interrupt_search WHERE actions_interrupt_search MATCH %s"
+                    f" AND rowid IN ({', '.join(['%s'] * len(chunk))})",
+                    [query, *chunk],
+                )
+                matched = {row[0] for row in cursor.fetchall()}
+                held += [pk for pk in chunk if pk in matched]
+                if len(held) >= newest:
+                    break
+            else:
+                if len(walked) == budget:
+                    return None  # the walk ended before its page: it cannot tell
+            found += held[:newest]
+    return found
+
+
+def _fts_query(text: str) -> str | None:
+    """``text`` as an FTS5 query of its words, each a phrase (quoted: FTS5's own syntax, AND,
+    NEAR, column:, is not the user's); None when it has no word to look for."""
+    words = [word for word in text.split() if any(ch.isalnum() for ch in word)]
+    if not words:
+        return None
+    return " ".join('"' + word.replace('"', '""') + '"' for word in words)
+
+
 # What each of SQLite's two plans costs (measured at 100,000 interrupts, bench/inbox_scale.py):
 # FTS5 hands over a match's id in about 0.3 us, and all of them are read to be ordered by date;
 # asking it whether one row matches costs about 40 us, and a walk asks of about
@@ -107,10 +152,12 @@ def interrupts_matching(text: str, newest: int | None = None) -> Q | None:
 _ID_US, _ASK_US = 0.3, 40.0
 
 
-def _walks(query: str, newest: int) -> bool:
+def _walk_budget(query: str, newest: int) -> int:
     """Whether walking the history's index, asking FTS5 of each row, reads the ``newest``
     matches sooner than looking every match up: when matches are so many that the walk meets
-    them early. Decided by counting the matches, bounded where the walk starts to pay."""
+    them early. Decided by counting the matches, bounded where the walk starts to pay. 0 when
+    it does not pay; otherwise how many rows a walk may ask of for what looking the matches up
+    costs at least."""
     with open_cursor(default_db()) as cursor:
         # About how many rows the walk passes over (the highest id: no count of them all).
         cursor.execute(sql("SELECT max({Interrupt.id}) FROM {Interrupt}"), [])
@@ -122,7 +169,9 @@ def _walks(query: str, newest: int) -> bool:
             " WHERE actions_interrupt_search MATCH %s LIMIT %s)",
             [query, enough],
         )
-        return bool(cursor.fetchone()[0] >= enough)
+        if cursor.fetchone()[0] < enough:
+            return 0
+        return max(newest, int(enough * _ID_US / _ASK_US))
 
 
 def refresh_statistics() -> bool:
