@@ -162,3 +162,31 @@ def test_each_database_variant_runs_on_its_own_database_in_every_thread(database
     configured = "postgresql" if "postgresql" in settings.DATABASES["default"]["ENGINE"] else "sqlite"
     expected = "postgresql" if database == "postgresql" else configured
     assert (connection.vendor, engine_sql.default_db().vendor, vendors) == (expected, expected, [expected])
+
+
+def test_a_reading_is_kept_per_database_and_keeps_no_connection_alive(run: Run) -> None:
+    # Under ASGI each request has a connection of its own: how a row is read (its fields'
+    # converters) is looked up once per database, made from whichever connection came first,
+    # and serves every other one without keeping the first alive.
+    import gc
+    import weakref
+
+    from django.db import connections
+
+    from actions.engine.sql import _reading, default_db
+
+    columns = ("id", "created_at", "input", "status")
+    engine_sql._readings.clear()
+    first = connections.create_connection(default_db().alias)
+    kept = _reading(first, Run, columns)
+    gone = weakref.ref(first)
+    del first
+    gc.collect()
+    assert gone() is None, "the reading keeps no connection"
+    assert _reading(connections.create_connection(default_db().alias), Run, columns) is kept
+
+    (fetched,) = engine_sql.fetch(
+        Run, "SELECT id, created_at, input, status FROM actions_run WHERE id = %s", [run.pk]
+    )
+    assert fetched.created_at == Run.objects.get(pk=run.pk).created_at
+    assert fetched.created_at.tzinfo is not None and fetched.input == {"invoice_id": "INV-1"}

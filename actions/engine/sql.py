@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from typing import Any, TypeVar
-from weakref import WeakKeyDictionary
 
 from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -103,26 +102,46 @@ def fetch(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
 Converter = Callable[[Any, Col, BaseDatabaseWrapper], Any]
 Reading = tuple[list[str], list[tuple[int, Col, list[Converter]]]]
 
-# Per connection (the converters are its backend's methods), per model and columns read.
-_readings: WeakKeyDictionary[BaseDatabaseWrapper, dict[tuple[type[models.Model], tuple[str, ...]], Reading]]
-_readings = WeakKeyDictionary()
+# Per database (alias and backend), per model and columns read. Not per connection: under ASGI
+# each request has a connection of its own, and the converters looked up again for each cost a
+# GET of a run about as much as its SQL.
+_readings: dict[tuple[str, str, type[models.Model], tuple[str, ...]], Reading] = {}
 
 
 def _reading(connection: BaseDatabaseWrapper, model: type[models.Model], columns: tuple[str, ...]) -> Reading:
     """The attnames of the fields ``columns`` names, in the model's order, and for each: its
     position in the row, its column expression, and the converters its value goes through."""
-    readings = _readings.setdefault(connection, {})
-    reading = readings.get((model, columns))
+    key = (connection.alias, connection.vendor, model, columns)
+    reading = _readings.get(key)
     if reading is None:
         fields = _fields(model, columns)
-        reading = readings[model, columns] = (
+        reading = _readings[key] = (
             [field.attname for _, field, _ in fields],
             [
-                (position, col, connection.ops.get_db_converters(col) + col.get_db_converters(connection))
+                (
+                    position,
+                    col,
+                    [_of_any(connection, c) for c in connection.ops.get_db_converters(col)]
+                    + col.get_db_converters(connection),
+                )
                 for position, _, col in fields
             ],
         )
     return reading
+
+
+def _of_any(connection: BaseDatabaseWrapper, converter: Converter) -> Converter:
+    """A converter of the backend's, a method of this connection's ``ops``, made one of whichever
+    connection it is given (every converter is called with the connection that read the value),
+    so that a reading kept for the database keeps no connection alive."""
+    method = getattr(converter, "__func__", None)
+    if method is None or getattr(converter, "__self__", None) is not connection.ops:
+        return converter
+
+    def convert(value: Any, expression: Col, reader: BaseDatabaseWrapper) -> Any:
+        return method(reader.ops, value, expression, reader)
+
+    return convert
 
 
 def insert(obj: M, computed: tuple[str, str, Sequence[Any]] | None = None) -> M:
