@@ -78,6 +78,7 @@ from actions.engine.steps import execute_step, pending_interrupts, record, start
 from actions.engine.store import (
     authenticate,
     counted_approvals,
+    fanned_out,
     read_interrupt,
     read_run,
     read_team,
@@ -119,6 +120,7 @@ __all__ = [
     "effective_policy",
     "end_away",
     "execute_step",
+    "fanned_out",
     "give_grant",
     "idempotency",
     "live_grants",

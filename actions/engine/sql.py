@@ -21,7 +21,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from django.db.models.expressions import Col
 
-from actions.models import ApiToken, AuditChain, InboxStream, Interrupt, Policy, Run, RunEvent, Team
+from actions.models import ApiToken, AuditChain, Fanout, InboxStream, Interrupt, Policy, Run, RunEvent, Team
 
 M = TypeVar("M", bound=models.Model)
 
@@ -225,7 +225,7 @@ def default_db() -> BaseDatabaseWrapper:
 
 _MODELS: dict[str, type[models.Model]] = {
     model.__name__: model
-    for model in (Run, Interrupt, RunEvent, Policy, InboxStream, AuditChain, Team, ApiToken)
+    for model in (Run, Interrupt, RunEvent, Policy, InboxStream, AuditChain, Team, ApiToken, Fanout)
 }
 
 

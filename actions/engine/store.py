@@ -30,6 +30,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import BooleanField, F, Func, Q, QuerySet, Value
 from django.db.models.expressions import RawSQL
+from django.utils import timezone
 
 from actions.engine.sql import Json, M, adapted, default_db, execute, fetch, open_cursor, sql
 from actions.models import GENESIS, ApiToken, Approval, Interrupt, Policy, Run, Team, hash_token
@@ -587,6 +588,13 @@ def read_interrupt(interrupt_id: int) -> Interrupt | None:
         return None  # deleted with its run meanwhile
     it.run, it.team = run, read_team(it.team_id)
     return it
+
+
+def fanned_out(event_id: int) -> None:
+    """The event's Fanout row: its notifications are made (actions.notify). IntegrityError
+    when another dispatcher wrote it first."""
+    statement = sql("INSERT INTO {Fanout} ({Fanout.event}, {Fanout.at}) VALUES (%s, %s)")
+    execute(statement, [event_id, timezone.now()])
 
 
 def token_in_force(key_hash: str) -> ApiToken | None:

@@ -21,7 +21,6 @@ from django.utils import timezone
 from actions import background, engine
 from actions.models import (
     DeliveryAttempt,
-    Fanout,
     Interrupt,
     Notification,
     Run,
@@ -299,8 +298,11 @@ def _tell(event: RunEvent, subscribers: Subscribers) -> list[Notification] | Non
     # Worked out before the transaction, which then only writes: on SQLite a transaction holds
     # the database's one write lock from its start, and a run's step would wait for the reads
     # and the rendering of a big team's notifications.
-    if _told.has(event) or Fanout.objects.filter(event=event).exists():
-        return None  # told meanwhile by another dispatcher: not worked out twice
+    # Told meanwhile by another dispatcher of this process: not worked out twice. One of
+    # another process is found out by the Fanout row (below): rare, and cheaper than asking
+    # the database about every event first.
+    if _told.has(event):
+        return None
     try:
         notifications = fan_out(event, subscribers)
     except (OperationalError, InterfaceError):
@@ -313,14 +315,14 @@ def _tell(event: RunEvent, subscribers: Subscribers) -> list[Notification] | Non
     try:
         if notifications or transaction.get_connection().in_atomic_block:
             with transaction.atomic():
-                Fanout.objects.create(event=event)
+                engine.fanned_out(event.pk)
                 # One insert for a big team's notifications, not one each.
                 made = Notification.objects.bulk_create(notifications)
                 DeliveryAttempt.objects.bulk_create(
                     not_sent(why, notification=n) for n in made if (why := getattr(n, SKIPPED_BECAUSE, None))
                 )
         else:
-            Fanout.objects.create(event=event)  # alone, a statement is a transaction of its own
+            engine.fanned_out(event.pk)  # alone, a statement is a transaction of its own
             made = []
     except IntegrityError:
         return None  # another dispatcher took it
