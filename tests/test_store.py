@@ -5,6 +5,7 @@ and what they read is what a queryset would give. Every test runs on SQLite and 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -190,3 +191,34 @@ def test_a_reading_is_kept_per_database_and_keeps_no_connection_alive(run: Run) 
     )
     assert fetched.created_at == Run.objects.get(pk=run.pk).created_at
     assert fetched.created_at.tzinfo is not None and fetched.input == {"invoice_id": "INV-1"}
+
+
+def test_people_are_a_teams_active_members_each_once_with_their_preferences(
+    team: Team, other_team: Team, django_assert_num_queries: Any
+) -> None:
+    # Whom an interrupt's event is told to (actions.notify): read as the engine reads, with what
+    # each chose, as select_related would give it.
+    from django.contrib.auth.models import User
+
+    from actions.engine.store import people
+    from actions.models import Preferences
+
+    ann, bob, cy, gone = (User.objects.create_user(name) for name in ("ann", "bob", "cy", "gone"))
+    gone.is_active = False
+    gone.save()
+    team.members.add(ann, bob, gone)
+    other_team.members.add(bob, cy)
+    Preferences.objects.create(user=bob, email=False, slack_user_id="U0BOB")
+
+    with django_assert_num_queries(2):
+        found = people([team.pk, other_team.pk])
+        assert [user.username for user in found] == ["ann", "bob", "cy"]
+        ann_read, bob_read, _ = found
+        assert bob_read.grundlag_preferences.slack_user_id == "U0BOB"
+        assert bob_read.grundlag_preferences.user is bob_read
+        with pytest.raises(Preferences.DoesNotExist):
+            ann_read.grundlag_preferences  # noqa: B018 - chose none: as select_related says
+    assert [user.username for user in people([team.pk])] == ["ann", "bob"]
+    assert [user.username for user in people([team.pk], usernames=["bob", "cy"])] == ["bob"]
+    assert [user.username for user in people([other_team.pk], user_id=bob.pk)] == ["bob"]
+    assert people([team.pk], user_id=cy.pk) == [] and people([]) == []

@@ -16,12 +16,24 @@ from datetime import datetime
 from functools import cache
 from typing import Any, TypeVar
 
+from django.contrib.auth import get_user_model
 from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from django.db.models.expressions import Col
 
-from actions.models import ApiToken, AuditChain, Fanout, InboxStream, Interrupt, Policy, Run, RunEvent, Team
+from actions.models import (
+    ApiToken,
+    AuditChain,
+    Fanout,
+    InboxStream,
+    Interrupt,
+    Policy,
+    Preferences,
+    Run,
+    RunEvent,
+    Team,
+)
 
 M = TypeVar("M", bound=models.Model)
 
@@ -223,10 +235,20 @@ def default_db() -> BaseDatabaseWrapper:
 # Statements. A template names tables and columns by model and field: {Run} is the run's
 # table, {Run.status} its status column, quoted for the database in use.
 
-_MODELS: dict[str, type[models.Model]] = {
-    model.__name__: model
-    for model in (Run, Interrupt, RunEvent, Policy, InboxStream, AuditChain, Team, ApiToken, Fanout)
-}
+
+@cache
+def _models() -> dict[str, type[models.Model]]:
+    """The models a template may name: the engine's, and the people its notifications go to
+    (the site's user model, and the teams' memberships as ``TeamMember``), looked up once the
+    apps are loaded."""
+    named: dict[str, type[models.Model]] = {
+        model.__name__: model
+        for model in (Run, Interrupt, RunEvent, Policy, InboxStream, AuditChain, Team, ApiToken)
+    }
+    named.update(Fanout=Fanout, Preferences=Preferences)
+    named["User"] = get_user_model()
+    named["TeamMember"] = Team.members.through
+    return named
 
 
 class _Names:
@@ -245,7 +267,7 @@ class _Names:
 @cache
 def _statement(template: str, vendor: str) -> str:
     quote = default_db().ops.quote_name
-    return template.format_map({name: _Names(model, quote) for name, model in _MODELS.items()})
+    return template.format_map({name: _Names(model, quote) for name, model in _models().items()})
 
 
 def sql(template: str) -> str:

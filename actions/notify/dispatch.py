@@ -203,18 +203,14 @@ def _to_mentioned(it: Interrupt, event: RunEvent, body: dict[str, Any], notify: 
 
 
 def _people(it: Interrupt, kind: str, team_ids: list[int]) -> list[Any]:
-    users = get_user_model().objects.filter(is_active=True)
     if kind == "interrupt.decided":
         # The one who asked, told of the answer (not when they decided it themselves).
         asked_by = it.run.started_by_id
         if asked_by is None or asked_by == it.decided_by_id:
             return []
         # Still in its team: someone who has left hears no more of it.
-        return list(users.filter(pk=asked_by, teams__in=team_ids).distinct())
-    users = users.filter(teams__in=team_ids).distinct()
-    if it.assignees:
-        users = users.filter(username__in=it.assignees)
-    return list(users.select_related("grundlag_preferences").order_by("pk"))
+        return engine.people(team_ids, user_id=asked_by)
+    return engine.people(team_ids, usernames=it.assignees or ())
 
 
 # In this process, the events of one run are worked out one dispatch at a time (the
