@@ -133,8 +133,26 @@ def test_a_dispatch_that_listed_events_another_told_here_meanwhile_asks_nothing_
     for event in (again, listed[0]):
         with CaptureQueriesContext(connection) as queries:
             assert dispatch._tell(event, dispatch.Subscribers()) is None  # its Fanout row says so
-        assert any('"actions_fanout"' in q["sql"] for q in queries.captured_queries)
+        fanout = [q["sql"] for q in queries.captured_queries if '"actions_fanout"' in q["sql"]]
+        # Not asked for first: the row's insert finds it there.
+        assert len(fanout) == 1 and fanout[0].startswith("INSERT") and "ON CONFLICT" in fanout[0]
     assert Notification.objects.count() == made, "nothing made twice"
+
+
+@pytest.mark.django_db(transaction=True)  # autocommit: the Fanout row's insert is a transaction
+@pytest.mark.usefixtures("steps")
+def test_an_event_with_no_one_to_tell_is_marked_told_once_in_autocommit(
+    team: Team, reviewer: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event that tells no one (no webhook, no mail for it) is marked told by its Fanout
+    row alone; told again (by another dispatcher), the row's insert says so, and nothing fails."""
+    run = a_run(team, reviewer, "D-1")
+    (event,) = RunEvent.objects.filter(run=run, kind=RunEvent.Kind.INTERRUPTED)
+    assert dispatch._tell(event, dispatch.Subscribers()) == []
+    assert Fanout.objects.filter(event=event).exists()
+    monkeypatch.setattr(dispatch, "_told", dispatch._Recent())  # another process's, which never told it
+    assert dispatch._tell(event, dispatch.Subscribers()) is None
+    assert Fanout.objects.filter(event=event).count() == 1
 
 
 @pytest.mark.django_db

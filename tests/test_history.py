@@ -341,11 +341,12 @@ def test_a_members_search_pages_are_the_same_whichever_plan_reads_them(
 ) -> None:
     # A member's page of a search walks their two lists (their team's, those escalated to it),
     # asking FTS5 of each row, where that pays (store.first_matching); it looks the matches up
-    # when it does not, and when a walk's budget ends before its page (a word common in the
-    # history and rare in the team's rows). Every plan must find the same pages.
+    # when it does not, and when the walks' budget ends before their page (a word common in the
+    # history and rare in the team's rows). Every plan must find the same pages, filtered or not,
+    # the lists apart or overlapping.
     from actions.engine import store
 
-    ours = bulk_history(team, 70)
+    ours = bulk_history(team, 140)
     theirs = bulk_history(other_team, 130, decided_by="payroll1")
     escalated = theirs[::4]
     Interrupt.objects.filter(pk__in=[it.pk for it in escalated]).update(
@@ -353,26 +354,43 @@ def test_a_members_search_pages_are_the_same_whichever_plan_reads_them(
     )
     # "payroll": in every row of the other team's, and in one of the team's own, far down.
     Interrupt.objects.filter(team=other_team).update(message="Approve payroll run?")
-    Interrupt.objects.filter(pk=ours[60].pk).update(message="Approve payroll for Kim?")
+    Interrupt.objects.filter(pk=ours[120].pk).update(message="Approve payroll for Kim?")
+    # "even": in two of every three of the team's rows: a page fills part way into a chunk.
+    Interrupt.objects.filter(pk__in=[it.pk for n, it in enumerate(ours) if n % 3]).update(
+        message="Approve even invoice?"
+    )
+    Interrupt.objects.filter(pk__in=[it.pk for it in ours[::5]]).update(status="rejected")
     client = Client()
     client.force_login(reviewer)
 
-    def pages(text: str) -> list[list[int]]:
+    def pages(query: dict[str, str]) -> list[list[int]]:
         found, after = [], ""
         while True:
-            response = client.get("/history/", {"q": text, "after": after})
+            response = client.get("/history/", {**query, "after": after})
             found.append([row.pk for row in response.context["rows"]])
             if not (after := response.context["next_cursor"]):
                 return found
 
-    texts = ("invoice", "invoice 7", "payroll", "approve", "approve 69")
-    looked_up = {text: pages(text) for text in texts}
+    searches = [
+        {"q": text} for text in ("invoice", "invoice 7", "payroll", "approve", "approve 69", "even")
+    ] + [{"q": "approve", "status": "rejected"}, {"q": "approve", "decided_by": "payroll1"}]
+
+    def every_page() -> list[list[list[int]]]:
+        return [pages(query) for query in searches]
+
+    looked_up = every_page()
     newest_first = sorted(ours + escalated, key=lambda it: (it.created_at, it.pk), reverse=True)
-    assert sum(looked_up["approve"], []) == [it.pk for it in newest_first]
-    assert [len(page) for page in looked_up["approve"]] == [50, 50, 3]
-    assert sum(looked_up["payroll"], []) == [
-        it.pk for it in newest_first if it.pk == ours[60].pk or it in escalated
-    ]
+    approve = looked_up[3]
+    assert sum(approve, []) == [it.pk for it in newest_first]
+    assert [len(page) for page in approve] == [50, 50, 50, 23]
+    assert sum(looked_up[2], []) == [it.pk for it in newest_first if it.pk == ours[120].pk or it in escalated]
+    assert sum(looked_up[7], []) == [it.pk for it in newest_first if it in escalated], "filtered"
+
+    # A word said twice is asked once; a search of many words is looked up, never walked (a walk
+    # asks FTS5 the whole query once a chunk).
+    assert store._fts_query("invoice Invoice invoice") == '"invoice" "Invoice"'
+    many = store._fts_query(" ".join(f"word{n}" for n in range(store._WALKED_WORDS + 1)))
+    assert many is not None and store._walk_budget(many, 51) == 0
 
     outcomes: list[bool] = []
     walk = store.first_matching
@@ -385,20 +403,27 @@ def test_a_members_search_pages_are_the_same_whichever_plan_reads_them(
     monkeypatch.setattr(store, "first_matching", first_matching)
     # Asking FTS5 about a row made (nearly) free: a walk pays for any word more than a few rows
     # hold, and reads its lists to their ends.
-    monkeypatch.setattr(store, "_ASK_US", store._ID_US / 1000)
-    walked = {}
-    for text in texts:
-        outcomes.clear()
-        walked[text] = pages(text)
-        if connection.vendor == "sqlite":
-            # An invoice's number is in a row or two: its matches are looked up.
-            assert outcomes and all(outcomes) == (text in ("invoice", "payroll", "approve")), text
-    assert walked == looked_up
-    # A walk allowed a page's length of rows: "payroll" is not among the team's newest 51, so
-    # the walk cannot tell and the matches are looked up; "approve" finds its pages at once.
+    with monkeypatch.context() as free:
+        free.setattr(store, "_ASK_US", store._ID_US / 1000)
+        for query, expected in zip(searches, looked_up, strict=True):
+            outcomes.clear()
+            assert pages(query) == expected, query
+            if connection.vendor == "sqlite":
+                # An invoice's number is in a row or two: its matches are looked up.
+                assert outcomes and all(outcomes) == (query["q"] not in ("invoice 7", "approve 69")), query
+        # A member of the other team too: a row of theirs escalated to the team is in both lists.
+        other_team.members.add(reviewer)
+        both = [pages(query) for query in searches]
+    assert both == every_page()
+    assert both != looked_up and sum(both[2], []) == [
+        it.pk for it in sorted([ours[120], *theirs], key=lambda it: (it.created_at, it.pk), reverse=True)
+    ]
+    other_team.members.remove(reviewer)
+    # The walks allowed a page's length of rows in all: "payroll" is not among the team's newest
+    # 51, so the walk cannot tell and the matches are looked up; "approve" finds its pages at once.
     outcomes.clear()
     monkeypatch.setattr(store, "_walk_budget", lambda query, newest: newest)
-    assert {text: pages(text) for text in texts} == looked_up
+    assert every_page() == looked_up
     if connection.vendor == "sqlite":
         assert True in outcomes and False in outcomes
 

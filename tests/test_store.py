@@ -222,3 +222,7 @@ def test_people_are_a_teams_active_members_each_once_with_their_preferences(
     assert [user.username for user in people([team.pk], usernames=["bob", "cy"])] == ["bob"]
     assert [user.username for user in people([other_team.pk], user_id=bob.pk)] == ["bob"]
     assert people([team.pk], user_id=cy.pk) == [] and people([]) == []
+    # An assignee that is not a string (an action's own list) names no one, as the ORM's did;
+    # naming no one is no one, not everyone.
+    assert people([team.pk], usernames=[42]) == []  # type: ignore[list-item]
+    assert people([team.pk], usernames=[]) == []

@@ -261,6 +261,8 @@ class _Names:
         return self._quote(self._model._meta.db_table)
 
     def __getattr__(self, name: str) -> str:
+        if name == "pk":  # the primary key, whatever its name (the site's user model's)
+            return _quoted_column(self._model._meta.pk)
         return _quoted_column(_concrete(self._model, name))
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import DEFAULT_DB_ALIAS, transaction
-from django.db.models import BooleanField, F, Func, OneToOneField, Q, QuerySet, Value
+from django.db.models import BooleanField, F, Func, ManyToManyField, OneToOneField, Q, QuerySet, Value
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -63,18 +63,17 @@ def interrupts_matching(text: str, newest: int | None = None) -> Q | None:
     None when ``text`` has no word to look for.
 
     ``newest``: the caller reads only that many, newest first (a page of the history). On SQLite
-    the filter is then the cheaper of two plans for that read (``_walks``), so that a word every
+    the filter is then the cheaper of two plans for that read (``_walk_budget``), so that a word every
     row holds costs as much in a long history as in a short one: the matches' ids, all of them,
     looked up and ordered by date (what a rare word wants); or the history's date index walked
     from the newest row, FTS5 asked of each (what a common word wants: it finds a page's rows
     among the first it walks)."""
-    text = text.replace("\x00", " ")
     if default_db().vendor == "postgresql":
         return Q(
             pk__in=RawSQL(
                 "SELECT interrupt_id FROM actions_interrupt_search"
                 " WHERE document @@ websearch_to_tsquery('simple', %s)",
-                [text],
+                [text.replace("\x00", " ")],
             )
         )
     query = _fts_query(text)
@@ -103,11 +102,12 @@ def first_matching(lists: Sequence[QuerySet[Interrupt]], text: str, newest: int)
     """On SQLite, for a page of a search that reads only some of the history (a member's: their
     team's rows, and those escalated to it): the ids of the first ``newest`` of each of
     ``lists`` (querysets, each in the page's order) whose search document holds every word of
-    ``text``, found by asking FTS5 of each list's rows in turn. None when looking every match up
-    (``interrupts_matching``) is the better plan: when the matches are too few for a walk to
-    pay, or when a walk asked of as many rows as looking the matches up costs and had not found
-    its page (a word common in the history and rare in the list: the walk's cost is bounded)."""
-    query = _fts_query(text.replace("\x00", " "))
+    ``text`` (none when it has no word), found by asking FTS5 of the lists' rows in turn. None
+    when looking every match up (``interrupts_matching``) is the better plan: when the matches
+    are too few for a walk to pay, or when the walks asked of as many rows as looking the
+    matches up costs, all lists together, and one had not found its page (a word common in the
+    history and rare in the list): a walk costs at most about what it spares."""
+    query = _fts_query(text)
     if query is None:
         return []
     budget = _walk_budget(query, newest)
@@ -117,13 +117,14 @@ def first_matching(lists: Sequence[QuerySet[Interrupt]], text: str, newest: int)
     with open_cursor(default_db()) as cursor:
         for rows in lists:
             walked = list(rows.values_list("pk", flat=True)[:budget])
+            budget -= len(walked)
             held: list[int] = []
             # A page's length at a time: a word most rows hold finds its page in one.
             for start in range(0, len(walked), newest):
                 chunk = walked[start : start + newest]
                 cursor.execute(
                     "SELECT rowid FROM actions_interrupt_search WHERE actions_interrupt_search MATCH %s"
-                    f" AND rowid IN ({', '.join(['%s'] * len(chunk))})",
+                    f" AND rowid IN ({_marks(chunk)})",
                     [query, *chunk],
                 )
                 matched = {row[0] for row in cursor.fetchall()}
@@ -131,19 +132,25 @@ def first_matching(lists: Sequence[QuerySet[Interrupt]], text: str, newest: int)
                 if len(held) >= newest:
                     break
             else:
-                if len(walked) == budget:
+                if not budget:
                     return None  # the walk ended before its page: it cannot tell
             found += held[:newest]
     return found
 
 
 def _fts_query(text: str) -> str | None:
-    """``text`` as an FTS5 query of its words, each a phrase (quoted: FTS5's own syntax, AND,
-    NEAR, column:, is not the user's); None when it has no word to look for."""
-    words = [word for word in text.split() if any(ch.isalnum() for ch in word)]
+    """``text`` as an FTS5 query of its words, each once and each a phrase (quoted: FTS5's own
+    syntax, AND, NEAR, column:, is not the user's); None when it has no word to look for."""
+    text = text.replace("\x00", " ")
+    words = dict.fromkeys(word for word in text.split() if any(ch.isalnum() for ch in word))
     if not words:
         return None
     return " ".join('"' + word.replace('"', '""') + '"' for word in words)
+
+
+# A search of more words than this is looked up, never walked: a walk asks FTS5 the whole query
+# once for each chunk of rows, and a query of thousands of words would make that costly.
+_WALKED_WORDS = 16
 
 
 # What each of SQLite's two plans costs (measured at 100,000 interrupts, bench/inbox_scale.py):
@@ -155,11 +162,12 @@ _ID_US, _ASK_US = 0.3, 40.0
 
 
 def _walk_budget(query: str, newest: int) -> int:
-    """Whether walking the history's index, asking FTS5 of each row, reads the ``newest``
-    matches sooner than looking every match up: when matches are so many that the walk meets
-    them early. Decided by counting the matches, bounded where the walk starts to pay. 0 when
-    it does not pay; otherwise how many rows a walk may ask of for what looking the matches up
-    costs at least."""
+    """How many rows a walk of the history's index, asking FTS5 of each row, may ask of before
+    it costs what looking every match up costs at least; 0 when the walk does not pay (when
+    the matches are not so many that it meets ``newest`` of them early). Decided by counting
+    the matches, bounded where the walk starts to pay."""
+    if query.count(" ") + 1 > _WALKED_WORDS:  # its words, quoted, are apart by one space each
+        return 0
     with open_cursor(default_db()) as cursor:
         # About how many rows the walk passes over (the highest id: no count of them all).
         cursor.execute(sql("SELECT max({Interrupt.id}) FROM {Interrupt}"), [])
@@ -592,38 +600,41 @@ def read_interrupt(interrupt_id: int) -> Interrupt | None:
 
 
 def people(
-    team_ids: Sequence[int], *, usernames: Sequence[str] = (), user_id: int | None = None
+    team_ids: Sequence[int], *, usernames: Sequence[str] | None = None, user_id: int | None = None
 ) -> list[Any]:
     """The active members of these teams, each once, by id: of those, the ones ``usernames``
-    names (when it names any), or the one ``user_id`` (when given). Each with their notification
-    preferences, as ``select_related`` reads them (none cached when they chose none): whom an
-    interrupt's event is told to (actions.notify), on every pause's path."""
-    if not team_ids:
+    names (when given: none when it names none), or the one ``user_id`` (when given). Each with
+    their notification preferences, as ``select_related`` reads them (none cached when they
+    chose none): whom an interrupt's event is told to (actions.notify), on every pause's path."""
+    if not team_ids or usernames is not None and not usernames:
         return []
-    statement = (
+    to_user, to_team = _membership()
+    who = (
         sql(
-            "SELECT * FROM {User} u WHERE u.{User.is_active} AND EXISTS (SELECT 1 FROM {TeamMember} m"
-            " WHERE m.{TeamMember.user} = u.{User.id} AND m.{TeamMember.team} IN ("
+            " FROM {User} u WHERE u.{User.is_active} AND EXISTS (SELECT 1 FROM {TeamMember} m"
+            f" WHERE m.{{TeamMember.{to_user}}} = u.{{User.pk}} AND m.{{TeamMember.{to_team}}} IN ("
         )
         + _marks(team_ids)
         + "))"
     )
     params: list[Any] = list(team_ids)
     if usernames:
-        statement += sql(" AND u.{User.username} IN (") + _marks(usernames) + ")"
-        params += usernames
+        who += sql(" AND u.{User.username} IN (") + _marks(usernames) + ")"
+        params += [str(name) for name in usernames]  # as the ORM's username__in would
     if user_id is not None:
-        statement += sql(" AND u.{User.id} = %s")
+        who += sql(" AND u.{User.pk} = %s")
         params.append(user_id)
-    users = fetch(get_user_model(), statement + sql(" ORDER BY u.{User.id}"), params)
+    users = fetch(get_user_model(), "SELECT *" + who + sql(" ORDER BY u.{User.pk}"), params)
     if not users:
         return users
+    # The same people's preferences, by the same condition: a big team's ids are not sent back
+    # as parameters (SQLite takes a bounded number of them).
     chosen = {
         prefs.pk: prefs
         for prefs in fetch(
             Preferences,
-            sql("SELECT * FROM {Preferences} WHERE {Preferences.user} IN (") + _marks(users) + ")",
-            [user.pk for user in users],
+            sql("SELECT * FROM {Preferences} WHERE {Preferences.user} IN (SELECT u.{User.pk}") + who + ")",
+            params,
         )
     }
     of_user = Preferences._meta.get_field("user")
@@ -636,15 +647,27 @@ def people(
     return users
 
 
+@cache
+def _membership() -> tuple[str, str]:
+    """The fields of a team's membership row (Team.members' table) naming the user and the
+    team: named after the site's user model."""
+    members = Team._meta.get_field("members")
+    assert isinstance(members, ManyToManyField)
+    return members.m2m_reverse_field_name(), members.m2m_field_name()
+
+
 def _marks(values: Sequence[Any]) -> str:
     return ", ".join(["%s"] * len(values))
 
 
-def fanned_out(event_id: int) -> None:
-    """The event's Fanout row: its notifications are made (actions.notify). IntegrityError
-    when another dispatcher wrote it first."""
-    statement = sql("INSERT INTO {Fanout} ({Fanout.event}, {Fanout.at}) VALUES (%s, %s)")
-    execute(statement, [event_id, timezone.now()])
+def fanned_out(event_id: int) -> bool:
+    """Write the event's Fanout row (its notifications are made: actions.notify); False when
+    another dispatcher wrote it first."""
+    statement = sql(
+        "INSERT INTO {Fanout} ({Fanout.event}, {Fanout.at}) VALUES (%s, %s)"
+        " ON CONFLICT ({Fanout.event}) DO NOTHING"
+    )
+    return execute(statement, [event_id, timezone.now()]) == 1
 
 
 def token_in_force(key_hash: str) -> ApiToken | None:

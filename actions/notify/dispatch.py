@@ -13,7 +13,6 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, InterfaceError, OperationalError, close_old_connections, transaction
 from django.utils import timezone
@@ -190,14 +189,7 @@ def _to_people(
 def _to_mentioned(it: Interrupt, event: RunEvent, body: dict[str, Any], notify: Any) -> None:
     """A comment's @mentions: each member named, on each channel that tells a person."""
     names = [str(name) for name in (event.detail.get("mentions") or [])]
-    users = (
-        get_user_model()
-        .objects.filter(is_active=True, username__in=names, teams__in=it.team_ids)
-        .distinct()
-        .select_related("grundlag_preferences")
-        .order_by("pk")
-    )
-    for user in users:
+    for user in engine.people(it.team_ids, usernames=names):
         for transport in delivery.TRANSPORTS.values():
             transport.to_mentioned(user, body, notify)
 
@@ -210,7 +202,7 @@ def _people(it: Interrupt, kind: str, team_ids: list[int]) -> list[Any]:
             return []
         # Still in its team: someone who has left hears no more of it.
         return engine.people(team_ids, user_id=asked_by)
-    return engine.people(team_ids, usernames=it.assignees or ())
+    return engine.people(team_ids, usernames=it.assignees or None)
 
 
 # In this process, the events of one run are worked out one dispatch at a time (the
@@ -311,17 +303,19 @@ def _tell(event: RunEvent, subscribers: Subscribers) -> list[Notification] | Non
     try:
         if notifications or transaction.get_connection().in_atomic_block:
             with transaction.atomic():
-                engine.fanned_out(event.pk)
+                if not engine.fanned_out(event.pk):
+                    return None  # another dispatcher took it
                 # One insert for a big team's notifications, not one each.
                 made = Notification.objects.bulk_create(notifications)
                 DeliveryAttempt.objects.bulk_create(
                     not_sent(why, notification=n) for n in made if (why := getattr(n, SKIPPED_BECAUSE, None))
                 )
-        else:
-            engine.fanned_out(event.pk)  # alone, a statement is a transaction of its own
+        elif engine.fanned_out(event.pk):  # alone, a statement is a transaction of its own
             made = []
+        else:
+            return None
     except IntegrityError:
-        return None  # another dispatcher took it
+        return None  # what it names went meanwhile (a webhook deleted): the next round tells it
     transaction.on_commit(functools.partial(_told.add, event))
     return made
 

@@ -46,8 +46,8 @@ def filtered(
     """The interrupts matching the query parameters, newest first, and the filters applied.
     ``teams``: only those teams' decided interrupts (a member's view); None: all (staff).
     ``newest``: the caller reads that many at most (a page), after the cursor ``after``: the
-    query is planned for that read (``_visible``, ``searched``), and for a member holds only what
-    that read needs (the newest after the cursor), not every match.
+    query is planned for that read (``_visible``, ``searched``): on SQLite, a member's reads only
+    what that page needs (the newest after the cursor) where it can, not every match.
     Raises Refused for a team outside ``teams``."""
     applied = {key: str(params.get(key, "")).strip() for key in FILTERS}
     interrupts = everything = Interrupt.objects.select_related("run", "team").order_by("-created_at", "-id")
@@ -117,7 +117,8 @@ def _visible(
         found = store.first_matching(lists, text, newest)
         if found is None:
             return searched(interrupts, text).filter(Interrupt.visible_to(teams))
-        return everything.filter(pk__in=found)
+        # Read with the filters again (no pending row, the team asked for): cheap by id.
+        return interrupts.filter(pk__in=found)
     theirs, escalated = (rows.values("pk")[:newest] for rows in lists)
     return everything.filter(Q(pk__in=theirs) | Q(pk__in=escalated))
 
