@@ -346,3 +346,29 @@ def test_approve_and_next_opens_the_next_one_of_the_inbox_as_filtered_and_says_w
         f"/interrupts/{start(team).pk}/approve/", {"then": "next"}, headers={"HX-Request": "true"}
     )
     assert htmx.status_code == 200 and htmx["HX-Redirect"] == "/?team=finance"
+
+
+def test_the_row_pushed_to_reviewers_is_the_row_the_inbox_shows(
+    team: Team, other_team: Team, reviewer: User, second_reviewer: User
+) -> None:
+    # A new interrupt's row is rendered once for every page that shows it (actions.live.push),
+    # read as the engine reads; the inbox page reads its rows with the ORM. Both show the same:
+    # its run, its team, where it was escalated to, and an N-of-M's count.
+    import re
+
+    from actions.engine import InboxChange
+    from actions.live.push import inbox_frames
+    from actions.models import Approval
+
+    it = start(team)
+    Interrupt.objects.filter(pk=it.pk).update(
+        approvals_required=2, escalate_to=other_team, escalated_at=timezone.now()
+    )
+    Approval.objects.create(interrupt=it, user=second_reviewer, answer={"approved": True})
+    change = InboxChange("escalated", it.run_id, it.pk, it.action, (team.pk,), (team.pk, other_team.pk))
+    (frame,) = inbox_frames([change])
+
+    page = logged_in(reviewer).get("/").content.decode()
+    shown = re.search(rf'<tr id="interrupt-{it.pk}".*?</tr>', page, re.S)
+    assert shown is not None and frame["html"] == shown.group(0)
+    assert "1 of 2 approvals" in frame["html"] and f"escalated to {other_team.name}" in frame["html"]

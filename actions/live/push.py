@@ -23,10 +23,9 @@ from typing import Any
 
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import close_old_connections, transaction
-from django.db.models import Count, Q
 from django.template.loader import render_to_string
 
-from actions import metrics
+from actions import engine, metrics
 from actions.engine import InboxChange
 from actions.models import Interrupt
 
@@ -69,18 +68,11 @@ def run_group(run_id: int) -> str:
 
 def inbox_frames(changes: list[InboxChange]) -> list[dict[str, Any]]:
     """The frames of a transaction's inbox changes: a row rendered once per change that leaves
-    it in an inbox, with one query for all of them."""
-    shown = [change.interrupt_id for change in changes if change.after]
-    rows = (
-        {
-            it.pk: it
-            for it in Interrupt.objects.filter(pk__in=shown)
-            .select_related("run", "team", "escalate_to")
-            .annotate(approval_count=Count("approvals", filter=Q(approvals__superseded_at=None)))
-        }
-        if shown
-        else {}  # rows that only leave inboxes (a decision): nothing to read or render
-    )
+    it in an inbox (rows that only leave inboxes, decided, need nothing read or rendered)."""
+    rows = {}
+    for change in changes:
+        if change.after and (row := _inbox_row(change.interrupt_id)) is not None:
+            rows[row.pk] = row
     frames = []
     for change in changes:
         row = rows.get(change.interrupt_id)
@@ -100,6 +92,20 @@ def inbox_frames(changes: list[InboxChange]) -> list[dict[str, Any]]:
             frame["html"] = render_to_string("actions/partials/inbox_row.html", {"it": row}).strip()
         frames.append(frame)
     return frames
+
+
+def _inbox_row(interrupt_id: int) -> Interrupt | None:
+    """The interrupt with what its inbox row shows (its run, its team, the team it was escalated
+    to, the approvals an N-of-M has), read as the engine reads: a new interrupt's row is on
+    every push's path. None when it is gone."""
+    it = engine.read_interrupt(interrupt_id)
+    if it is None:
+        return None
+    if it.escalate_to_id is not None:
+        it.escalate_to = engine.read_team(it.escalate_to_id)
+    if it.approvals_required > 1:
+        it.approval_count = it.approvals.filter(superseded_at=None).count()  # type: ignore[attr-defined]
+    return it
 
 
 def notify_inboxes(changes: list[InboxChange]) -> None:
