@@ -349,7 +349,7 @@ def test_approve_and_next_opens_the_next_one_of_the_inbox_as_filtered_and_says_w
 
 
 def test_the_row_pushed_to_reviewers_is_the_row_the_inbox_shows(
-    team: Team, other_team: Team, reviewer: User, second_reviewer: User
+    team: Team, other_team: Team, reviewer: User, second_reviewer: User, django_assert_num_queries: Any
 ) -> None:
     # A new interrupt's row is rendered once for every page that shows it (actions.live.push),
     # read as the engine reads; the inbox page reads its rows with the ORM. Both show the same:
@@ -360,15 +360,29 @@ def test_the_row_pushed_to_reviewers_is_the_row_the_inbox_shows(
     from actions.live.push import inbox_frames
     from actions.models import Approval
 
-    it = start(team)
+    plain, it = start(team), start(team)
     Interrupt.objects.filter(pk=it.pk).update(
         approvals_required=2, escalate_to=other_team, escalated_at=timezone.now()
     )
     Approval.objects.create(interrupt=it, user=second_reviewer, answer={"approved": True})
-    change = InboxChange("escalated", it.run_id, it.pk, it.action, (team.pk,), (team.pk, other_team.pk))
-    (frame,) = inbox_frames([change])
+
+    def change(of: Interrupt) -> InboxChange:
+        return InboxChange("interrupt", of.run_id, of.pk, of.action, (), (team.pk,))
+
+    # One new interrupt, the usual: its row, run and team, and for this one the team it went to
+    # and its count, and no query left to the template.
+    with django_assert_num_queries(5):
+        (frame,) = inbox_frames([change(it)])
+    with django_assert_num_queries(3):
+        (plain_frame,) = inbox_frames([change(plain)])
+    # Several in one transaction (a delegation's): one query for all.
+    with django_assert_num_queries(1):
+        both = inbox_frames([change(it), change(plain), change(it)])
+    assert [f["html"] for f in both] == [frame["html"], plain_frame["html"], frame["html"]]
 
     page = logged_in(reviewer).get("/").content.decode()
-    shown = re.search(rf'<tr id="interrupt-{it.pk}".*?</tr>', page, re.S)
-    assert shown is not None and frame["html"] == shown.group(0)
+    for of, pushed in ((it, frame), (plain, plain_frame)):
+        shown = re.search(rf'<tr id="interrupt-{of.pk}".*?</tr>', page, re.S)
+        assert shown is not None and pushed["html"] == shown.group(0)
     assert "1 of 2 approvals" in frame["html"] and f"escalated to {other_team.name}" in frame["html"]
+    assert "approvals" not in plain_frame["html"] and "escalated" not in plain_frame["html"]

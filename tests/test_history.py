@@ -18,6 +18,7 @@ from django.core.cache import cache
 from django.core.management import call_command
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from actions import engine
@@ -386,11 +387,18 @@ def test_a_members_search_pages_are_the_same_whichever_plan_reads_them(
     assert sum(looked_up[2], []) == [it.pk for it in newest_first if it.pk == ours[120].pk or it in escalated]
     assert sum(looked_up[7], []) == [it.pk for it in newest_first if it in escalated], "filtered"
 
-    # A word said twice is asked once; a search of many words is looked up, never walked (a walk
-    # asks FTS5 the whole query once a chunk).
-    assert store._fts_query("invoice Invoice invoice") == '"invoice" "Invoice"'
-    many = store._fts_query(" ".join(f"word{n}" for n in range(store._WALKED_WORDS + 1)))
-    assert many is not None and store._walk_budget(many, 51) == 0
+    # A word said twice is asked once (FTS5 folds case); a search of many words, as FTS5 splits
+    # them, is looked up, never walked (a walk asks FTS5 the whole query once a chunk), and
+    # without counting its matches first.
+    assert store._fts_query("invoice Invoice invoice") == '"invoice"'
+    for many in (
+        " ".join(f"word{n}" for n in range(store._WALKED_WORDS + 1)),
+        ".".join(f"w{n}" for n in range(store._WALKED_WORDS + 1)),  # one "word" to str.split
+    ):
+        query = store._fts_query(many)
+        with CaptureQueriesContext(connection) as asked:
+            assert query is not None and store._walk_budget(query, 51) == 0
+        assert not asked.captured_queries
 
     outcomes: list[bool] = []
     walk = store.first_matching
@@ -419,13 +427,18 @@ def test_a_members_search_pages_are_the_same_whichever_plan_reads_them(
         it.pk for it in sorted([ours[120], *theirs], key=lambda it: (it.created_at, it.pk), reverse=True)
     ]
     other_team.members.remove(reviewer)
-    # The walks allowed a page's length of rows in all: "payroll" is not among the team's newest
-    # 51, so the walk cannot tell and the matches are looked up; "approve" finds its pages at once.
-    outcomes.clear()
-    monkeypatch.setattr(store, "_walk_budget", lambda query, newest: newest)
-    assert every_page() == looked_up
-    if connection.vendor == "sqlite":
-        assert True in outcomes and False in outcomes
+    # The walks allowed two pages' length of rows in all, fewer than the team's rows: "approve"
+    # finds the team's page in its first chunk, and the escalated ones (33) in what is left;
+    # "payroll" is not among the team's newest 102, so the walk cannot tell and the matches are
+    # looked up.
+    monkeypatch.setattr(store, "_walk_budget", lambda query, newest: 2 * newest)
+    for query, expected in zip(searches, looked_up, strict=True):
+        outcomes.clear()
+        assert pages(query) == expected, query
+        if connection.vendor == "sqlite" and query == {"q": "approve"}:
+            assert outcomes and all(outcomes), "walked, every page"
+        if connection.vendor == "sqlite" and query == {"q": "payroll"}:
+            assert outcomes and not any(outcomes), "looked up"
 
 
 # Exports

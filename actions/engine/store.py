@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import re
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -116,12 +117,14 @@ def first_matching(lists: Sequence[QuerySet[Interrupt]], text: str, newest: int)
     found: list[int] = []
     with open_cursor(default_db()) as cursor:
         for rows in lists:
-            walked = list(rows.values_list("pk", flat=True)[:budget])
-            budget -= len(walked)
+            # One more than may be asked of: whether the list goes on past them.
+            walked = list(rows.values_list("pk", flat=True)[: budget + 1])
+            more, walked = len(walked) > budget, walked[:budget]
             held: list[int] = []
             # A page's length at a time: a word most rows hold finds its page in one.
             for start in range(0, len(walked), newest):
                 chunk = walked[start : start + newest]
+                budget -= len(chunk)
                 cursor.execute(
                     "SELECT rowid FROM actions_interrupt_search WHERE actions_interrupt_search MATCH %s"
                     f" AND rowid IN ({_marks(chunk)})",
@@ -132,8 +135,8 @@ def first_matching(lists: Sequence[QuerySet[Interrupt]], text: str, newest: int)
                 if len(held) >= newest:
                     break
             else:
-                if not budget:
-                    return None  # the walk ended before its page: it cannot tell
+                if more:
+                    return None  # the walk ended before its page and its list: it cannot tell
             found += held[:newest]
     return found
 
@@ -141,16 +144,20 @@ def first_matching(lists: Sequence[QuerySet[Interrupt]], text: str, newest: int)
 def _fts_query(text: str) -> str | None:
     """``text`` as an FTS5 query of its words, each once and each a phrase (quoted: FTS5's own
     syntax, AND, NEAR, column:, is not the user's); None when it has no word to look for."""
-    text = text.replace("\x00", " ")
-    words = dict.fromkeys(word for word in text.split() if any(ch.isalnum() for ch in word))
+    words: dict[str, str] = {}
+    for word in text.replace("\x00", " ").split():
+        if any(ch.isalnum() for ch in word):
+            words.setdefault(word.casefold(), word)  # FTS5's tokenizer folds case
     if not words:
         return None
-    return " ".join('"' + word.replace('"', '""') + '"' for word in words)
+    return " ".join('"' + word.replace('"', '""') + '"' for word in words.values())
 
 
-# A search of more words than this is looked up, never walked: a walk asks FTS5 the whole query
-# once for each chunk of rows, and a query of thousands of words would make that costly.
+# A search of more words than this (as FTS5 splits them: runs of letters and digits) is looked
+# up, never walked: a walk asks FTS5 the whole query once for each chunk of rows, and a query of
+# thousands of words would make that costly.
 _WALKED_WORDS = 16
+_TOKEN = re.compile(r"[^\W_]+")
 
 
 # What each of SQLite's two plans costs (measured at 100,000 interrupts, bench/inbox_scale.py):
@@ -166,7 +173,7 @@ def _walk_budget(query: str, newest: int) -> int:
     it costs what looking every match up costs at least; 0 when the walk does not pay (when
     the matches are not so many that it meets ``newest`` of them early). Decided by counting
     the matches, bounded where the walk starts to pay."""
-    if query.count(" ") + 1 > _WALKED_WORDS:  # its words, quoted, are apart by one space each
+    if len(_TOKEN.findall(query)) > _WALKED_WORDS:
         return 0
     with open_cursor(default_db()) as cursor:
         # About how many rows the walk passes over (the highest id: no count of them all).

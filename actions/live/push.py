@@ -27,7 +27,7 @@ from django.template.loader import render_to_string
 
 from actions import engine, metrics
 from actions.engine import InboxChange
-from actions.models import Interrupt
+from actions.models import Interrupt, Team
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +69,7 @@ def run_group(run_id: int) -> str:
 def inbox_frames(changes: list[InboxChange]) -> list[dict[str, Any]]:
     """The frames of a transaction's inbox changes: a row rendered once per change that leaves
     it in an inbox (rows that only leave inboxes, decided, need nothing read or rendered)."""
-    rows = {}
-    for change in changes:
-        if change.after and (row := _inbox_row(change.interrupt_id)) is not None:
-            rows[row.pk] = row
+    rows = _inbox_rows(list(dict.fromkeys(change.interrupt_id for change in changes if change.after)))
     frames = []
     for change in changes:
         row = rows.get(change.interrupt_id)
@@ -94,18 +91,30 @@ def inbox_frames(changes: list[InboxChange]) -> list[dict[str, Any]]:
     return frames
 
 
-def _inbox_row(interrupt_id: int) -> Interrupt | None:
-    """The interrupt with what its inbox row shows (its run, its team, the team it was escalated
-    to, the approvals an N-of-M has), read as the engine reads: a new interrupt's row is on
-    every push's path. None when it is gone."""
-    it = engine.read_interrupt(interrupt_id)
+def _inbox_rows(shown: list[int]) -> dict[int, Interrupt]:
+    """The interrupts with what their inbox rows show: their runs, their teams, the teams they
+    were escalated to, the approvals an N-of-M has. One, the usual (a new interrupt, on every
+    push's path), is read as the engine reads; several (a delegation's, in one transaction)
+    in one query. Those gone meanwhile are left out."""
+    if len(shown) != 1:
+        return {
+            it.pk: it
+            for it in Interrupt.objects.filter(pk__in=shown)
+            .select_related("run", "team", "escalate_to")
+            .annotate(approval_count=Interrupt.approvals_counted())
+        }
+    it = engine.read_interrupt(shown[0])
     if it is None:
-        return None
+        return {}
     if it.escalate_to_id is not None:
-        it.escalate_to = engine.read_team(it.escalate_to_id)
+        try:
+            it.escalate_to = engine.read_team(it.escalate_to_id)
+        except Team.DoesNotExist:  # deleted meanwhile: as the query's join would say
+            it.escalate_to = None
     if it.approvals_required > 1:
-        it.approval_count = it.approvals.filter(superseded_at=None).count()  # type: ignore[attr-defined]
-    return it
+        counted = Interrupt.objects.filter(pk=it.pk).aggregate(n=Interrupt.approvals_counted())
+        it.approval_count = counted["n"]  # type: ignore[attr-defined]
+    return {it.pk: it}
 
 
 def notify_inboxes(changes: list[InboxChange]) -> None:

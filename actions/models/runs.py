@@ -242,6 +242,12 @@ class Interrupt(models.Model):
         """Why the teams see an interrupt, apart: it is theirs; it was escalated to them."""
         return models.Q(team__in=team_ids), models.Q(escalate_to__in=team_ids, escalated_at__isnull=False)
 
+    @staticmethod
+    def approvals_counted() -> models.Count:
+        """How many of an N-of-M's approvals count now (those given before an answer changed
+        are superseded): an annotation, or an aggregate of one interrupt's."""
+        return models.Count("approvals", filter=models.Q(approvals__superseded_at=None))
+
     def summary(self, limit: int = 100) -> str:
         """``data`` on one line, for the inbox."""
         if self.data is None:

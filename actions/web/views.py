@@ -11,7 +11,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -102,7 +102,7 @@ def inbox(request: AuthenticatedRequest) -> HttpResponse:
         interrupts = (
             list(
                 pending.select_related("run", "team", "escalate_to")
-                .annotate(approval_count=Count("approvals", filter=Q(approvals__superseded_at=None)))
+                .annotate(approval_count=Interrupt.approvals_counted())
                 .order_by("-created_at", "-id")[:INBOX_LIMIT]
             )
             if shown
