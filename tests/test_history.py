@@ -395,9 +395,9 @@ def test_a_members_search_pages_are_the_same_whichever_plan_reads_them(
         " ".join(f"word{n}" for n in range(store._WALKED_WORDS + 1)),
         ".".join(f"w{n}" for n in range(store._WALKED_WORDS + 1)),  # one "word" to str.split
     ):
-        query = store._fts_query(many)
+        fts = store._fts_query(many)
         with CaptureQueriesContext(connection) as asked:
-            assert query is not None and store._walk_budget(query, 51) == 0
+            assert fts is not None and store._walk_budget(fts, 51) == 0
         assert not asked.captured_queries
 
     outcomes: list[bool] = []
