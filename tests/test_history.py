@@ -306,8 +306,9 @@ def test_a_comment_is_searchable(team: Team, reviewer: User, auditor: User) -> N
 def test_a_page_of_search_results_is_the_same_whichever_plan_reads_it(
     team: Team, auditor: User, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # On SQLite a page is read by walking the history's index when most rows hold the words,
-    # and by looking the matches up otherwise (store._walk_budget); both must find the same rows.
+    # On SQLite a page is read by the matches' ids when they are few, by walking the history's
+    # index when most rows hold the words, and by looking the matches up otherwise
+    # (store._plan); every plan must find the same rows.
     from actions.engine import store
     from actions.reads.history import filtered
 
@@ -323,14 +324,24 @@ def test_a_page_of_search_results_is_the_same_whichever_plan_reads_it(
             if not after:
                 return found
 
-    looked_up = {text: pages(text) for text in ("invoice", "invoice 7", "approve 119")}
-    assert [len(page) for page in looked_up["invoice"]] == [50, 50, 20]
-    assert len(looked_up["approve 119"][0]) == 1
+    texts = ("invoice", "invoice 7", "approve 119")
+    few = {text: pages(text) for text in texts}
+    assert [len(page) for page in few["invoice"]] == [50, 50, 20]
+    assert len(few["approve 119"][0]) == 1
+    sqlite = connection.vendor == "sqlite"
+    if sqlite:
+        assert store._plan('"invoice"', 51).few is not None, "120 matches are few"
+    # Matches no longer few (past 2): looked up, as asking FTS5 of each row costs more.
+    monkeypatch.setattr(store, "_FEW", 2)
+    if sqlite:
+        assert store._plan('"invoice"', 51) == store._Plan()
+    assert {text: pages(text) for text in texts} == few
     # Asking FTS5 about a row made (nearly) free: walking pays for any word most rows hold.
     monkeypatch.setattr(store, "_ASK_US", store._ID_US / 1000)
-    if connection.vendor == "sqlite":
-        assert store._walk_budget('"invoice"', 51) and not store._walk_budget('"approve" "119"', 51)
-    assert {text: pages(text) for text in looked_up} == looked_up
+    if sqlite:
+        assert store._plan('"invoice"', 51).budget and store._plan('"approve" "119"', 51).few is not None
+    assert {text: pages(text) for text in texts} == few
+    looked_up = few
     # What the figures and the exports read (every match) is the same set.
     every, _ = filtered({"q": "invoice"}, None)
     assert sorted(every.values_list("pk", flat=True)) == sorted(sum(looked_up["invoice"], []))
@@ -379,7 +390,12 @@ def test_a_members_search_pages_are_the_same_whichever_plan_reads_them(
     def every_page() -> list[list[list[int]]]:
         return [pages(query) for query in searches]
 
+    # The matches are few (fewer than store._FEW): every page is read by their ids, as found
+    # in deciding. Past 2 they are no longer few: a walk, or a lookup.
+    few = every_page()
+    monkeypatch.setattr(store, "_FEW", 2)
     looked_up = every_page()
+    assert looked_up == few
     newest_first = sorted(ours + escalated, key=lambda it: (it.created_at, it.pk), reverse=True)
     approve = looked_up[3]
     assert sum(approve, []) == [it.pk for it in newest_first]
@@ -389,23 +405,26 @@ def test_a_members_search_pages_are_the_same_whichever_plan_reads_them(
 
     # A word said twice is asked once (FTS5 folds case); a search of many words, as FTS5 splits
     # them, is looked up, never walked (a walk asks FTS5 the whole query once a chunk), and
-    # without counting its matches first.
+    # without counting its matches.
     assert store._fts_query("invoice Invoice invoice") == '"invoice"'
-    for many in (
+    many_words = (
         " ".join(f"word{n}" for n in range(store._WALKED_WORDS + 1)),
         ".".join(f"w{n}" for n in range(store._WALKED_WORDS + 1)),  # one "word" to str.split
-    ):
-        fts = store._fts_query(many)
-        with CaptureQueriesContext(connection) as asked:
-            assert fts is not None and store._walk_budget(fts, 51) == 0
-        assert not asked.captured_queries
+    )
+    with monkeypatch.context() as never_few:
+        never_few.setattr(store, "_FEW", 0)
+        for many in many_words if connection.vendor == "sqlite" else ():  # FTS5's
+            fts = store._fts_query(many)
+            with CaptureQueriesContext(connection) as asked:
+                assert fts is not None and store._plan(fts, 51) == store._Plan()
+            assert len(asked.captured_queries) == 1, "its first matches, no count"
 
     outcomes: list[bool] = []
     walk = store.first_matching
 
-    def first_matching(*args: Any) -> list[int] | None:
+    def first_matching(*args: Any) -> Any:
         found = walk(*args)
-        outcomes.append(found is not None)
+        outcomes.append(isinstance(found, list))  # walked; otherwise the matches to read from
         return found
 
     monkeypatch.setattr(store, "first_matching", first_matching)
@@ -431,7 +450,7 @@ def test_a_members_search_pages_are_the_same_whichever_plan_reads_them(
     # finds the team's page in its first chunk, and the escalated ones (33) in what is left;
     # "payroll" is not among the team's newest 102, so the walk cannot tell and the matches are
     # looked up.
-    monkeypatch.setattr(store, "_walk_budget", lambda query, newest: 2 * newest)
+    monkeypatch.setattr(store, "_plan", lambda query, newest: store._Plan(budget=2 * newest))
     for query, expected in zip(searches, looked_up, strict=True):
         outcomes.clear()
         assert pages(query) == expected, query

@@ -64,11 +64,12 @@ def interrupts_matching(text: str, newest: int | None = None) -> Q | None:
     None when ``text`` has no word to look for.
 
     ``newest``: the caller reads only that many, newest first (a page of the history). On SQLite
-    the filter is then the cheaper of two plans for that read (``_walk_budget``), so that a word every
-    row holds costs as much in a long history as in a short one: the matches' ids, all of them,
-    looked up and ordered by date (what a rare word wants); or the history's date index walked
-    from the newest row, FTS5 asked of each (what a common word wants: it finds a page's rows
-    among the first it walks)."""
+    the filter is then the cheapest of three plans for that read (``_plan``), so that a word
+    every row holds costs as much in a long history as in a short one: the matches' ids, when
+    they are few, as found in deciding (what an invoice number wants); the matches' ids, all of
+    them, looked up and ordered by date (what a rarer word wants); or the history's date index
+    walked from the newest row, FTS5 asked of each (what a common word wants: it finds a page's
+    rows among the first it walks)."""
     if default_db().vendor == "postgresql":
         return Q(
             pk__in=RawSQL(
@@ -80,7 +81,12 @@ def interrupts_matching(text: str, newest: int | None = None) -> Q | None:
     query = _fts_query(text)
     if query is None:
         return None
-    if newest is not None and _walk_budget(query, newest):
+    if newest is None:
+        return _looked_up(query)
+    plan = _plan(query, newest)
+    if plan.few is not None:
+        return Q(pk__in=plan.few)
+    if plan.budget:
         # The row's id as the ORM names it where the filter lands (a subquery's alias included).
         return Q(
             Func(
@@ -92,6 +98,11 @@ def interrupts_matching(text: str, newest: int | None = None) -> Q | None:
                 output_field=BooleanField(),
             )
         )
+    return _looked_up(query)
+
+
+def _looked_up(query: str) -> Q:
+    """The matches of an FTS5 query, all of them, looked up by id."""
     return Q(
         pk__in=RawSQL(
             "SELECT rowid FROM actions_interrupt_search WHERE actions_interrupt_search MATCH %s", [query]
@@ -99,21 +110,25 @@ def interrupts_matching(text: str, newest: int | None = None) -> Q | None:
     )
 
 
-def first_matching(lists: Sequence[QuerySet[Interrupt]], text: str, newest: int) -> list[int] | None:
+def first_matching(lists: Sequence[QuerySet[Interrupt]], text: str, newest: int) -> list[int] | Q:
     """On SQLite, for a page of a search that reads only some of the history (a member's: their
     team's rows, and those escalated to it): the ids of the first ``newest`` of each of
     ``lists`` (querysets, each in the page's order) whose search document holds every word of
-    ``text`` (none when it has no word), found by asking FTS5 of the lists' rows in turn. None
-    when looking every match up (``interrupts_matching``) is the better plan: when the matches
-    are too few for a walk to pay, or when the walks asked of as many rows as looking the
-    matches up costs, all lists together, and one had not found its page (a word common in the
-    history and rare in the list): a walk costs at most about what it spares."""
+    ``text`` (none when it has no word), found by asking FTS5 of the lists' rows in turn. Or,
+    when a walk does not pay, the filter of the matches to read the page from (as
+    ``interrupts_matching`` plans it): when the matches are too few for a walk to pay, or when
+    the walks asked of as many rows as looking the matches up costs, all lists together, and
+    one had not found its page (a word common in the history and rare in the list): a walk
+    costs at most about what it spares."""
     query = _fts_query(text)
     if query is None:
         return []
-    budget = _walk_budget(query, newest)
-    if not budget:
-        return None
+    plan = _plan(query, newest)
+    if plan.few is not None:
+        return Q(pk__in=plan.few)
+    if not plan.budget:
+        return _looked_up(query)
+    budget = plan.budget
     found: list[int] = []
     with open_cursor(default_db()) as cursor:
         for rows in lists:
@@ -136,7 +151,7 @@ def first_matching(lists: Sequence[QuerySet[Interrupt]], text: str, newest: int)
                     break
             else:
                 if more:
-                    return None  # the walk ended before its page and its list: it cannot tell
+                    return _looked_up(query)  # the walk ended before its page and its list
             found += held[:newest]
     return found
 
@@ -168,14 +183,37 @@ _TOKEN = re.compile(r"[^\W_]+")
 _ID_US, _ASK_US = 0.3, 40.0
 
 
-def _walk_budget(query: str, newest: int) -> int:
-    """How many rows a walk of the history's index, asking FTS5 of each row, may ask of before
-    it costs what looking every match up costs at least; 0 when the walk does not pay (when
-    the matches are not so many that it meets ``newest`` of them early). Decided by counting
-    the matches, bounded where the walk starts to pay."""
-    if len(_TOKEN.findall(query)) > _WALKED_WORDS:
-        return 0
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """How a page of a search is best read on SQLite: ``few``, the matches' ids, all of them,
+    when they are few; otherwise ``budget``, the rows a walk may ask FTS5 of (0: look the
+    matches up)."""
+
+    few: list[int] | None = None
+    budget: int = 0
+
+
+# Matches handed over as ids when they are fewer: found in deciding, not searched for again.
+_FEW = 500
+
+
+def _plan(query: str, newest: int) -> _Plan:
+    """How a page (``newest`` rows) of the search for ``query`` is best read. Its first matches
+    are read, as many as ``_FEW``: fewer, they are all of them (an invoice number's), and the
+    page is read by their ids. Otherwise a walk of the history's index, asking FTS5 of each
+    row, pays when the matches are so many that it meets ``newest`` of them early: decided by
+    counting them, no further than where the walk starts to pay; its budget is the rows it may
+    ask of before it costs what looking every match up costs at least."""
     with open_cursor(default_db()) as cursor:
+        cursor.execute(
+            "SELECT rowid FROM actions_interrupt_search WHERE actions_interrupt_search MATCH %s LIMIT %s",
+            [query, _FEW],
+        )
+        first = [row[0] for row in cursor.fetchall()]
+        if len(first) < _FEW:
+            return _Plan(few=first)
+        if len(_TOKEN.findall(query)) > _WALKED_WORDS:
+            return _Plan()
         # About how many rows the walk passes over (the highest id: no count of them all).
         cursor.execute(sql("SELECT max({Interrupt.id}) FROM {Interrupt}"), [])
         rows = cursor.fetchone()[0] or 0
@@ -187,8 +225,8 @@ def _walk_budget(query: str, newest: int) -> int:
             [query, enough],
         )
         if cursor.fetchone()[0] < enough:
-            return 0
-        return max(newest, int(enough * _ID_US / _ASK_US))
+            return _Plan()
+        return _Plan(budget=max(newest, int(enough * _ID_US / _ASK_US)))
 
 
 def refresh_statistics() -> bool:

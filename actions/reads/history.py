@@ -115,8 +115,8 @@ def _visible(
     lists = [window.filter(why) for why in Interrupt.seen_by(teams)]
     if text:
         found = store.first_matching(lists, text, newest)
-        if found is None:
-            return searched(interrupts, text).filter(Interrupt.visible_to(teams))
+        if isinstance(found, Q):  # the matches, to read the page from
+            return interrupts.filter(found).filter(Interrupt.visible_to(teams))
         # Read with the filters again (no pending row, the team asked for): cheap by id.
         return interrupts.filter(pk__in=found)
     theirs, escalated = (rows.values("pk")[:newest] for rows in lists)
