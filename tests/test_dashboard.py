@@ -7,6 +7,7 @@ import json
 from datetime import timedelta
 from html import unescape
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.contrib.auth.models import User
@@ -375,6 +376,12 @@ def test_the_row_pushed_to_reviewers_is_the_row_the_inbox_shows(
         (frame,) = inbox_frames([change(it)])
     with django_assert_num_queries(3):
         (plain_frame,) = inbox_frames([change(plain)])
+    # A decided one leaves the inboxes: nothing read, not even a query built.
+    decided = InboxChange("decided", plain.run_id, plain.pk, plain.action, (team.pk,), ())
+    unread = mock.patch.object(Interrupt.objects, "filter", side_effect=AssertionError("read"))
+    with unread, django_assert_num_queries(0):
+        (gone,) = inbox_frames([decided])
+    assert "html" not in gone
     # Several in one transaction (a delegation's): one query for all.
     with django_assert_num_queries(1):
         both = inbox_frames([change(it), change(plain), change(it)])

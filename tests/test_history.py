@@ -312,7 +312,7 @@ def test_a_page_of_search_results_is_the_same_whichever_plan_reads_it(
     from actions.engine import store
     from actions.reads.history import filtered
 
-    bulk_history(team, 120)
+    written = bulk_history(team, 120)
     client = staff(auditor)
 
     def pages(text: str) -> list[list[int]]:
@@ -326,20 +326,27 @@ def test_a_page_of_search_results_is_the_same_whichever_plan_reads_it(
 
     texts = ("invoice", "invoice 7", "approve 119")
     few = {text: pages(text) for text in texts}
+    newest_first = sorted(written, key=lambda it: (it.created_at, it.pk), reverse=True)
+    assert sum(few["invoice"], []) == [it.pk for it in newest_first]
     assert [len(page) for page in few["invoice"]] == [50, 50, 20]
-    assert len(few["approve 119"][0]) == 1
+    assert few["invoice 7"] == [[written[7].pk]] and few["approve 119"] == [[written[119].pk]]
     sqlite = connection.vendor == "sqlite"
     if sqlite:
+        # Fewer than _FEW matches are few; as many may have more.
         assert store._plan('"invoice"', 51).few is not None, "120 matches are few"
-    # Matches no longer few (past 2): looked up, as asking FTS5 of each row costs more.
-    monkeypatch.setattr(store, "_FEW", 2)
+        monkeypatch.setattr(store, "_FEW", 121)
+        assert store._plan('"invoice"', 51).few is not None
+        monkeypatch.setattr(store, "_FEW", 120)
+        assert store._plan('"invoice"', 51).few is None
+    # Never few: looked up, as asking FTS5 of each row costs more.
+    monkeypatch.setattr(store, "_FEW", 0)
     if sqlite:
-        assert store._plan('"invoice"', 51) == store._Plan()
+        assert store._plan('"invoice"', 51) == store._Plan() == store._plan('"approve" "119"', 51)
     assert {text: pages(text) for text in texts} == few
     # Asking FTS5 about a row made (nearly) free: walking pays for any word most rows hold.
     monkeypatch.setattr(store, "_ASK_US", store._ID_US / 1000)
     if sqlite:
-        assert store._plan('"invoice"', 51).budget and store._plan('"approve" "119"', 51).few is not None
+        assert store._plan('"invoice"', 51).budget and not store._plan('"approve" "119"', 51).budget
     assert {text: pages(text) for text in texts} == few
     looked_up = few
     # What the figures and the exports read (every match) is the same set.
@@ -384,18 +391,21 @@ def test_a_members_search_pages_are_the_same_whichever_plan_reads_them(
                 return found
 
     searches = [
-        {"q": text} for text in ("invoice", "invoice 7", "payroll", "approve", "approve 69", "even")
+        {"q": text} for text in ("invoice", "invoice 9", "payroll", "approve", "approve 69", "even")
     ] + [{"q": "approve", "status": "rejected"}, {"q": "approve", "decided_by": "payroll1"}]
 
     def every_page() -> list[list[list[int]]]:
         return [pages(query) for query in searches]
 
     # The matches are few (fewer than store._FEW): every page is read by their ids, as found
-    # in deciding. Past 2 they are no longer few: a walk, or a lookup.
+    # in choosing. Never few: a walk, or a lookup.
     few = every_page()
-    monkeypatch.setattr(store, "_FEW", 2)
+    monkeypatch.setattr(store, "_FEW", 0)
     looked_up = every_page()
     assert looked_up == few
+    # An invoice's number: the team's row alone (the other team's say "payroll", and two of
+    # every three of the team's "even").
+    assert looked_up[1] == [[ours[9].pk]] and looked_up[4] == [[ours[69].pk]]
     newest_first = sorted(ours + escalated, key=lambda it: (it.created_at, it.pk), reverse=True)
     approve = looked_up[3]
     assert sum(approve, []) == [it.pk for it in newest_first]
@@ -436,8 +446,8 @@ def test_a_members_search_pages_are_the_same_whichever_plan_reads_them(
             outcomes.clear()
             assert pages(query) == expected, query
             if connection.vendor == "sqlite":
-                # An invoice's number is in a row or two: its matches are looked up.
-                assert outcomes and all(outcomes) == (query["q"] not in ("invoice 7", "approve 69")), query
+                # An invoice's number is in a row or two: a walk does not pay, they are looked up.
+                assert outcomes and all(outcomes) == (query["q"] not in ("invoice 9", "approve 69")), query
         # A member of the other team too: a row of theirs escalated to the team is in both lists.
         other_team.members.add(reviewer)
         both = [pages(query) for query in searches]

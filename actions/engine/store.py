@@ -64,9 +64,9 @@ def interrupts_matching(text: str, newest: int | None = None) -> Q | None:
     None when ``text`` has no word to look for.
 
     ``newest``: the caller reads only that many, newest first (a page of the history). On SQLite
-    the filter is then the cheapest of three plans for that read (``_plan``), so that a word
+    the filter is then one of three plans for that read, chosen by ``_plan``, so that a word
     every row holds costs as much in a long history as in a short one: the matches' ids, when
-    they are few, as found in deciding (what an invoice number wants); the matches' ids, all of
+    they are few, as found in choosing (what an invoice number wants); the matches' ids, all of
     them, looked up and ordered by date (what a rarer word wants); or the history's date index
     walked from the newest row, FTS5 asked of each (what a common word wants: it finds a page's
     rows among the first it walks)."""
@@ -162,7 +162,7 @@ def _fts_query(text: str) -> str | None:
     words: dict[str, str] = {}
     for word in text.replace("\x00", " ").split():
         if any(ch.isalnum() for ch in word):
-            words.setdefault(word.casefold(), word)  # FTS5's tokenizer folds case
+            words.setdefault(word.lower(), word)  # FTS5's tokenizer folds case (not "ß" to "ss")
     if not words:
         return None
     return " ".join('"' + word.replace('"', '""') + '"' for word in words.values())
@@ -175,7 +175,7 @@ _WALKED_WORDS = 16
 _TOKEN = re.compile(r"[^\W_]+")
 
 
-# What each of SQLite's two plans costs (measured at 100,000 interrupts, bench/inbox_scale.py):
+# What SQLite's walk and lookup cost (measured at 100,000 interrupts, bench/inbox_scale.py):
 # FTS5 hands over a match's id in about 0.3 us, and all of them are read to be ordered by date;
 # asking it whether one row matches costs about 40 us, and a walk asks of about
 # ``newest * rows / matches`` rows before it has its page. Counting matches costs about 0.06 us
@@ -202,8 +202,9 @@ def _plan(query: str, newest: int) -> _Plan:
     are read, as many as ``_FEW``: fewer, they are all of them (an invoice number's), and the
     page is read by their ids. Otherwise a walk of the history's index, asking FTS5 of each
     row, pays when the matches are so many that it meets ``newest`` of them early: decided by
-    counting them, no further than where the walk starts to pay; its budget is the rows it may
-    ask of before it costs what looking every match up costs at least."""
+    counting them (again from the first), no further than where the walk starts to pay; its
+    budget is the rows it may ask of before it costs what looking every match up costs at
+    least."""
     with open_cursor(default_db()) as cursor:
         cursor.execute(
             "SELECT rowid FROM actions_interrupt_search WHERE actions_interrupt_search MATCH %s LIMIT %s",

@@ -96,6 +96,8 @@ def _inbox_rows(shown: list[int]) -> dict[int, Interrupt]:
     were escalated to, the approvals an N-of-M has. One, the usual (a new interrupt, on every
     push's path), is read as the engine reads; several (a delegation's, in one transaction)
     in one query. Those gone meanwhile are left out."""
+    if not shown:
+        return {}  # rows that only leave inboxes (decided): nothing to read or render
     if len(shown) != 1:
         return {
             it.pk: it

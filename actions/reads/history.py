@@ -107,7 +107,8 @@ def _visible(
 
     Searched (``text``), each list is walked in its order, FTS5 asked of its rows, where that
     pays (``store.first_matching``: for a word most of the team's rows hold, 2 ms against 35 ms
-    at 100,000); otherwise the search's matches are looked up, and the page read from those."""
+    at 100,000); otherwise the page is read from the search's matches: their ids when they are
+    few, or all of them looked up."""
     if not _split(newest):
         return interrupts.filter(Interrupt.visible_to(teams))
     assert newest is not None
