@@ -226,3 +226,36 @@ def test_people_are_a_teams_active_members_each_once_with_their_preferences(
     # naming no one is no one, not everyone.
     assert people([team.pk], usernames=[42]) == []  # type: ignore[list-item]
     assert people([team.pk], usernames=[]) == []
+
+
+def test_the_events_to_tell_are_the_recent_untold_ones_of_those_kinds_oldest_first(team: Team) -> None:
+    # What the notifications' dispatcher reads on every commit's path (actions.notify), as the
+    # engine reads: by kind, since a moment, not told yet (no Fanout row), of some runs, after an
+    # event, at most so many.
+    from datetime import timedelta
+
+    from actions.engine.journal import log
+    from actions.engine.store import events_to_tell
+    from actions.models import Fanout
+
+    first, second = (Run.objects.create(action="send_invoice", input={}, team=team) for _ in range(2))
+    for run in (first, second, first):
+        log(run, RunEvent.Kind.INTERRUPTED, None, note=run.pk)
+    log(first, RunEvent.Kind.CLAIMED, None)
+    told, *untold = RunEvent.objects.filter(kind=RunEvent.Kind.INTERRUPTED).order_by("id")
+    Fanout.objects.create(event=told)
+    since = timezone.now() - timedelta(minutes=1)
+
+    found = events_to_tell([RunEvent.Kind.INTERRUPTED], since, None, 0, 10)
+    assert [event.pk for event in found] == [event.pk for event in untold]
+    assert found[0].detail == {"note": second.pk} and found[0].at == untold[0].at
+    assert [e.pk for e in events_to_tell([RunEvent.Kind.INTERRUPTED], since, {first.pk}, 0, 10)] == [
+        untold[1].pk
+    ]
+    assert [e.pk for e in events_to_tell([RunEvent.Kind.INTERRUPTED], since, None, untold[0].pk, 10)] == [
+        untold[1].pk
+    ]
+    assert len(events_to_tell([RunEvent.Kind.INTERRUPTED, RunEvent.Kind.CLAIMED], since, None, 0, 2)) == 2
+    later = timezone.now() + timedelta(minutes=1)
+    assert events_to_tell([RunEvent.Kind.INTERRUPTED], later, None, 0, 10) == []
+    assert events_to_tell([RunEvent.Kind.INTERRUPTED], since, set(), 0, 10) == []

@@ -78,6 +78,7 @@ from actions.engine.steps import execute_step, pending_interrupts, record, start
 from actions.engine.store import (
     authenticate,
     counted_approvals,
+    events_to_tell,
     fanned_out,
     people,
     read_interrupt,
@@ -85,9 +86,11 @@ from actions.engine.store import (
     read_team,
     run_interrupts,
     snapshot,
+    team_channels,
     team_run,
     visible_interrupt,
     waiting_on,
+    webhooks_of,
 )
 
 __all__ = [
@@ -120,6 +123,7 @@ __all__ = [
     "dry_run",
     "effective_policy",
     "end_away",
+    "events_to_tell",
     "execute_step",
     "fanned_out",
     "give_grant",
@@ -146,10 +150,12 @@ __all__ = [
     "snapshot",
     "start_run",
     "sweep",
+    "team_channels",
     "team_run",
     "validate_answer",
     "visible_interrupt",
     "waiting_on",
+    "webhooks_of",
     "why_no_grant",
     "why_not",
     "why_not_cancel",

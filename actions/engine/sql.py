@@ -33,6 +33,8 @@ from actions.models import (
     Run,
     RunEvent,
     Team,
+    TeamChannels,
+    Webhook,
 )
 
 M = TypeVar("M", bound=models.Model)
@@ -245,7 +247,7 @@ def _models() -> dict[str, type[models.Model]]:
         model.__name__: model
         for model in (Run, Interrupt, RunEvent, Policy, InboxStream, AuditChain, Team, ApiToken)
     }
-    named.update(Fanout=Fanout, Preferences=Preferences)
+    named.update(Fanout=Fanout, Preferences=Preferences, Webhook=Webhook, TeamChannels=TeamChannels)
     named["User"] = get_user_model()
     named["TeamMember"] = Team.members.through
     return named

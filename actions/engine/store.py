@@ -21,7 +21,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,7 +35,20 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from actions.engine.sql import Json, M, adapted, default_db, execute, fetch, open_cursor, sql
-from actions.models import GENESIS, ApiToken, Approval, Interrupt, Policy, Preferences, Run, Team, hash_token
+from actions.models import (
+    GENESIS,
+    ApiToken,
+    Approval,
+    Interrupt,
+    Policy,
+    Preferences,
+    Run,
+    RunEvent,
+    Team,
+    TeamChannels,
+    Webhook,
+    hash_token,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -704,6 +717,50 @@ def _membership() -> tuple[str, str]:
 
 def _marks(values: Sequence[Any]) -> str:
     return ", ".join(["%s"] * len(values))
+
+
+def events_to_tell(
+    kinds: Sequence[str], since: datetime, runs: Collection[int] | None, after_id: int, limit: int
+) -> list[RunEvent]:
+    """The events of these kinds logged since ``since`` whose notifications are not made yet
+    (no Fanout row), oldest first, at most ``limit``: of the runs ``runs`` names (None: any),
+    after the event ``after_id``. Read in part (what telling them needs), as the notifications'
+    dispatcher reads them on every commit's path (actions.notify)."""
+    if runs is not None and not runs:
+        return []
+    statement = (
+        sql(
+            "SELECT e.{RunEvent.id}, e.{RunEvent.run}, e.{RunEvent.interrupt}, e.{RunEvent.kind},"
+            " e.{RunEvent.detail}, e.{RunEvent.at} FROM {RunEvent} e WHERE e.{RunEvent.at} >= %s"
+            " AND NOT EXISTS (SELECT 1 FROM {Fanout} f WHERE f.{Fanout.event} = e.{RunEvent.id})"
+            " AND e.{RunEvent.kind} IN ("
+        )
+        + _marks(kinds)
+        + ")"
+    )
+    params: list[Any] = [since, *kinds]
+    if runs is not None:
+        ordered = sorted(runs)
+        statement += sql(" AND e.{RunEvent.run} IN (") + _marks(ordered) + ")"
+        params += ordered
+    if after_id:
+        statement += sql(" AND e.{RunEvent.id} > %s")
+        params.append(after_id)
+    return fetch(RunEvent, statement + sql(" ORDER BY e.{RunEvent.id} LIMIT %s"), [*params, limit])
+
+
+def webhooks_of(team_ids: Sequence[int]) -> list[Webhook]:
+    """The teams' webhooks not disabled, by id: whom an event is told to (actions.notify)."""
+    if not team_ids:
+        return []
+    statement = sql("SELECT * FROM {Webhook} WHERE {Webhook.disabled_at} IS NULL AND {Webhook.team} IN (")
+    return fetch(Webhook, statement + _marks(team_ids) + sql(") ORDER BY {Webhook.id}"), list(team_ids))
+
+
+def team_channels(team_id: int) -> TeamChannels | None:
+    """The team's choice of which events reach its people, and where; None when it made none."""
+    found = fetch(TeamChannels, sql("SELECT * FROM {TeamChannels} WHERE {TeamChannels.team} = %s"), [team_id])
+    return found[0] if found else None
 
 
 def fanned_out(event_id: int) -> bool:

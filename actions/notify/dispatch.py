@@ -105,14 +105,12 @@ class Subscribers:
         registered, not the day before."""
         key = tuple(sorted(team_ids))
         if key not in self._hooks:
-            self._hooks[key] = list(Webhook.objects.filter(team_id__in=key, disabled_at=None).order_by("pk"))
+            self._hooks[key] = engine.webhooks_of(key)
         return [hook for hook in self._hooks[key] if hook.created_at <= at]
 
     def routing(self, team_id: int) -> TeamChannels:
         if team_id not in self._routing:
-            self._routing[team_id] = TeamChannels.objects.filter(team_id=team_id).first() or TeamChannels(
-                team_id=team_id
-            )
+            self._routing[team_id] = engine.team_channels(team_id) or TeamChannels(team_id=team_id)
         return self._routing[team_id]
 
 
@@ -258,16 +256,7 @@ def dispatch(runs: Collection[int] | None = None, *, after_id: int = 0) -> int:
     once: each event is taken by one (its Fanout row)."""
     made = 0
     subscribers = Subscribers()
-    events = RunEvent.objects.filter(
-        at__gte=timezone.now() - LOOKBACK, kind__in=list(TYPES), fanout__isnull=True
-    )
-    if runs is not None:
-        events = events.filter(run_id__in=sorted(runs))
-    if after_id:
-        events = events.filter(pk__gt=after_id)
-    for event in list(
-        events.only("id", "run_id", "interrupt_id", "kind", "detail", "at").order_by("id")[:BATCH]
-    ):
+    for event in engine.events_to_tell(list(TYPES), timezone.now() - LOOKBACK, runs, after_id, BATCH):
         with _turn(event.run_id):
             told = _tell(event, subscribers)
         if told:
