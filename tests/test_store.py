@@ -249,6 +249,7 @@ def test_the_events_to_tell_are_the_recent_untold_ones_of_those_kinds_oldest_fir
     found = events_to_tell([RunEvent.Kind.INTERRUPTED], since, None, 0, 10)
     assert [event.pk for event in found] == [event.pk for event in untold]
     assert found[0].detail == {"note": second.pk} and found[0].at == untold[0].at
+    assert "actor_name" not in found[0].get_deferred_fields(), "a comment's event says who wrote it"
     assert [e.pk for e in events_to_tell([RunEvent.Kind.INTERRUPTED], since, {first.pk}, 0, 10)] == [
         untold[1].pk
     ]

@@ -731,7 +731,8 @@ def events_to_tell(
     statement = (
         sql(
             "SELECT e.{RunEvent.id}, e.{RunEvent.run}, e.{RunEvent.interrupt}, e.{RunEvent.kind},"
-            " e.{RunEvent.detail}, e.{RunEvent.at} FROM {RunEvent} e WHERE e.{RunEvent.at} >= %s"
+            " e.{RunEvent.detail}, e.{RunEvent.at}, e.{RunEvent.actor_name}"
+            " FROM {RunEvent} e WHERE e.{RunEvent.at} >= %s"
             " AND NOT EXISTS (SELECT 1 FROM {Fanout} f WHERE f.{Fanout.event} = e.{RunEvent.id})"
             " AND e.{RunEvent.kind} IN ("
         )
