@@ -260,3 +260,23 @@ def test_the_events_to_tell_are_the_recent_untold_ones_of_those_kinds_oldest_fir
     later = timezone.now() + timedelta(minutes=1)
     assert events_to_tell([RunEvent.Kind.INTERRUPTED], later, None, 0, 10) == []
     assert events_to_tell([RunEvent.Kind.INTERRUPTED], since, set(), 0, 10) == []
+
+
+def test_a_teams_webhooks_in_force_and_its_channels_are_read_as_the_engine_reads(
+    team: Team, other_team: Team
+) -> None:
+    from actions.engine.store import team_channels, webhooks_of
+    from actions.models import TeamChannels, Webhook
+
+    first, off, second, theirs = (
+        Webhook.objects.create(team=owner, url=f"https://example.com/{n}")
+        for n, owner in enumerate((team, team, team, other_team))
+    )
+    Webhook.objects.filter(pk=off.pk).update(disabled_at=timezone.now())
+    assert [hook.pk for hook in webhooks_of([team.pk])] == [first.pk, second.pk]
+    assert [hook.pk for hook in webhooks_of([team.pk, other_team.pk])] == [first.pk, second.pk, theirs.pk]
+    assert webhooks_of([team.pk])[0].secret == first.secret and webhooks_of([]) == []
+    assert team_channels(team.pk) is None
+    TeamChannels.objects.create(team=team, slack_channel="C0123")
+    channels = team_channels(team.pk)
+    assert channels is not None and channels.slack_channel == "C0123" and channels.email_events

@@ -726,7 +726,7 @@ def events_to_tell(
     (no Fanout row), oldest first, at most ``limit``: of the runs ``runs`` names (None: any),
     after the event ``after_id``. Read in part (what telling them needs), as the notifications'
     dispatcher reads them on every commit's path (actions.notify)."""
-    if runs is not None and not runs:
+    if not kinds or runs is not None and not runs:
         return []
     statement = (
         sql(
