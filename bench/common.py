@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,13 +85,28 @@ def database_for(setup: str, name: str) -> Iterator[tuple[Path, str]]:
                 postgres.cleanup()
 
 
+def settle_started(pids: list[int], *, timeout: float = 60.0) -> None:
+    """Wait until these processes (and their children) have finished starting: their CPU at
+    rest, under 50 ms in each of two half-seconds in a row. A server answers before the rest of
+    the site has booted (the embedded server's notifier, about 1 s of CPU; the scaled setup's
+    Celery workers, about 3 s), and a benchmark that counts CPU from there would charge that to
+    the first cycles it measures."""
+    deadline = time.monotonic() + timeout
+    quiet, before = 0, cpu_seconds(pids)
+    while quiet < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = cpu_seconds(pids)
+        quiet, before = (quiet + 1 if now - before < 0.05 else 0), now
+
+
 @contextmanager
 def served_site(
     log_dir: Path, database_url: str, *, scaled: bool, workers: int = 1, **env: str
 ) -> Iterator[tuple[Any, Any, str]]:
     """The app on ``database_url``, migrated and seeded (the demo team and its API token), served
     as deployed: embedded (``manage.py serve``), or scaled (Redis, one daphne, ``workers`` Celery
-    worker processes for the steps and one for notifications). Yields (site, server, token);
+    worker processes for the steps and one for notifications), once every process has started
+    (``settle_started``). Yields (site, server, token);
     prints the processes' logs if the benchmark fails, and stops everything it started."""
     from tests.integration.processes import Site, base_env
     from tests.integration.services import Redis
@@ -113,6 +129,7 @@ def served_site(
             for n in range(workers):
                 site.worker(f"bench{n}", concurrency=4, queues="celery")
             site.worker("notify", concurrency=4, queues="notify", nice=10)
+        settle_started([process.pid for process in site.processes])
         yield site, server, token
     except BaseException:
         print(site.logs()[-6000:])
