@@ -61,6 +61,8 @@ class Figures(TypedDict, total=False):
     # paused run, and `/healthz` (no authentication, no database): what the API's own path
     # costs, apart from the engine and the waiting.
     read_cpu_ms: dict[str, float]
+    # The site's processes' CPU to start (server, workers, notifier; not migrate or the seed), in s.
+    start_cpu_s: float
 
 
 READS = 100
@@ -88,13 +90,14 @@ def grundlag(name: str, cycles: int) -> Figures:
         served_site(tmp, database_url, scaled=name == "scaled") as (site, server, token),
     ):
         pids = [process.pid for process in site.processes]
+        # Started (bench.common.settle_started): what the start cost, each process since it began.
         cpu_before = cpu_seconds(pids)
         started, resumed = api_cycles(server, token, cycles)
         # What a cycle costs the site's processes (the server, the workers, the notifier; not
         # PostgreSQL or Redis): on two cores, latency follows it; less noisy than the latency.
         cpu_ms = (cpu_seconds(pids) - cpu_before) / (cycles + 3) * 1000
         reads = read_cpu(pids, server, token)
-    return Figures(started=started, resumed=resumed, cpu_ms=cpu_ms, read_cpu_ms=reads)
+    return Figures(started=started, resumed=resumed, cpu_ms=cpu_ms, read_cpu_ms=reads, start_cpu_s=cpu_before)
 
 
 def lines(name: str, figures: Figures) -> list[str]:
@@ -110,6 +113,11 @@ def lines(name: str, figures: Figures) -> list[str]:
         *(
             f"  {name:<22} {'CPU per ' + what:<24} {ms:7.1f} ms"
             for what, ms in figures.get("read_cpu_ms", {}).items()
+        ),
+        *(
+            [f"  {name:<22} {'CPU to start the site':<24} {figures['start_cpu_s']:7.2f} s"]
+            if "start_cpu_s" in figures
+            else []
         ),
     ]
 

@@ -53,7 +53,10 @@ def cpu_seconds(pids: list[int]) -> float:
     for pid in pids:
         process = psutil.Process(pid)
         for p in [process, *process.children(recursive=True)]:
-            times = p.cpu_times()
+            try:
+                times = p.cpu_times()
+            except psutil.NoSuchProcess:  # a child that ended meanwhile
+                continue
             total += times.user + times.system
     return total
 
@@ -85,15 +88,23 @@ def database_for(setup: str, name: str) -> Iterator[tuple[Path, str]]:
                 postgres.cleanup()
 
 
-def settle_started(pids: list[int], *, timeout: float = 60.0) -> None:
+def settle_started(processes: list[subprocess.Popen[bytes]], *, timeout: float = 60.0) -> None:
     """Wait until these processes (and their children) have finished starting: their CPU at
     rest, under 50 ms in each of two half-seconds in a row. A server answers before the rest of
     the site has booted (the embedded server's notifier, about 1 s of CPU; the scaled setup's
     Celery workers, about 3 s), and a benchmark that counts CPU from there would charge that to
-    the first cycles it measures."""
+    the first cycles it measures (what the start costs is a figure of its own: ``cpu_seconds``
+    of the processes once this returns). Raises if one of them exits or the site never rests."""
+    pids = [process.pid for process in processes]
     deadline = time.monotonic() + timeout
     quiet, before = 0, cpu_seconds(pids)
-    while quiet < 2 and time.monotonic() < deadline:
+    while quiet < 2:
+        if (gone := [p.args for p in processes if p.poll() is not None]) or time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the site did not settle after starting: exited {gone}"
+                if gone
+                else f"the site did not settle within {timeout:.0f} s (CPU {cpu_seconds(pids):.1f} s so far)"
+            )
         time.sleep(0.5)
         now = cpu_seconds(pids)
         quiet, before = (quiet + 1 if now - before < 0.05 else 0), now
@@ -129,7 +140,7 @@ def served_site(
             for n in range(workers):
                 site.worker(f"bench{n}", concurrency=4, queues="celery")
             site.worker("notify", concurrency=4, queues="notify", nice=10)
-        settle_started([process.pid for process in site.processes])
+        settle_started(site.processes)
         yield site, server, token
     except BaseException:
         print(site.logs()[-6000:])
