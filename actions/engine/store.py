@@ -596,9 +596,9 @@ def resume_if_nothing_pending(run_id: int, now: datetime, lease_expires_at: date
 
 
 def _by_id(model: type[M], pk: int) -> M | None:
-    """The row of ``model`` with that id, every column; None when there is none."""
+    """The row of ``model`` with that primary key, every column; None when there is none."""
     name = model.__name__
-    found = fetch(model, sql(f"SELECT * FROM {{{name}}} WHERE {{{name}.id}} = %s"), [pk])
+    found = fetch(model, sql(f"SELECT * FROM {{{name}}} WHERE {{{name}.pk}} = %s"), [pk])
     return found[0] if found else None
 
 
@@ -759,9 +759,9 @@ def webhooks_of(team_ids: Sequence[int]) -> list[Webhook]:
 
 
 def team_channels(team_id: int) -> TeamChannels | None:
-    """The team's choice of which events reach its people, and where; None when it made none."""
-    found = fetch(TeamChannels, sql("SELECT * FROM {TeamChannels} WHERE {TeamChannels.team} = %s"), [team_id])
-    return found[0] if found else None
+    """The team's choice of which events reach its people, and where (its row's key is the
+    team's); None when it made none."""
+    return _by_id(TeamChannels, team_id)
 
 
 def fanned_out(event_id: int) -> bool:
