@@ -96,3 +96,33 @@ async def test_one_token_spelt_differently_is_still_one_token(settings: Any) -> 
         assert (await asyncio.wait_for(request(app, "flood", scheme=spelt), 1))[0] == 429, spelt
     inner.release.set()
     await held
+
+
+@pytest.mark.asyncio
+async def test_a_request_answered_is_no_longer_under_way_though_the_app_goes_on(settings: Any) -> None:
+    # A client that has its answer sends the next at once; the app may still be closing (its
+    # database connection given back): that must not count against the token.
+    settings.GRUNDLAG_MAX_REQUESTS_PER_TOKEN = 1
+    closing = asyncio.Event()
+
+    async def answers_then_closes(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+        await closing.wait()
+
+    app = TokenConcurrency(answers_then_closes)
+    first = asyncio.create_task(request(app, "gl_one"))
+    await asyncio.sleep(0.05)
+    assert not first.done(), "still closing"
+    assert app.under_way.held == {}
+    closing.set()
+    assert (await first)[0] == 200
+
+    # One still answering holds its place until its last body.
+    inner = Held()
+    app = TokenConcurrency(inner)
+    held = asyncio.create_task(request(app, "gl_one"))
+    await asyncio.sleep(0.05)
+    assert (await request(app, "gl_one"))[0] == 429
+    inner.release.set()
+    assert (await held)[0] == 200 and app.under_way.held == {}

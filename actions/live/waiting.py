@@ -343,30 +343,50 @@ def _parsed(payload: str) -> tuple[int, str | None]:
 
 
 class Places:
-    """At most so many at once per key in this process: ``take`` gives a place (True) or says
-    there is none left (False), and gives it back however its block ends (answered, failed, or
-    cancelled as the client left). A process that stops takes its counts with it."""
+    """At most so many at once per key in this process: ``take`` gives a place (true) or says
+    there is none left (false), and gives it back however its block ends (answered, failed, or
+    cancelled as the client left), or sooner, when its holder says so (``_Place.give_back``).
+    A process that stops takes its counts with it."""
 
     def __init__(self) -> None:
         self.held: dict[Any, int] = {}  # a key with none held is not in it
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
-    def take(self, key: Any, most: int) -> Iterator[bool]:
+    def take(self, key: Any, most: int) -> Iterator[_Place]:
         with self._lock:
             held = self.held.get(key, 0)
             placed = held < most
             if placed:
                 self.held[key] = held + 1
+        place = _Place(self, key, placed)
         try:
-            yield placed
+            yield place
         finally:
-            if placed:
-                with self._lock:
-                    if self.held[key] > 1:
-                        self.held[key] -= 1
-                    else:
-                        del self.held[key]
+            place.give_back()
+
+    def _give_back(self, key: Any) -> None:
+        with self._lock:
+            if self.held[key] > 1:
+                self.held[key] -= 1
+            else:
+                del self.held[key]
+
+
+class _Place:
+    """A place taken (true) or refused (false); given back once, however often it is asked to."""
+
+    def __init__(self, places: Places, key: Any, placed: bool) -> None:
+        self._places, self._key, self._held = places, key, placed
+        self.placed = placed
+
+    def __bool__(self) -> bool:
+        return self.placed
+
+    def give_back(self) -> None:
+        if self._held:
+            self._held = False
+            self._places._give_back(self._key)
 
 
 # Each token's requests held waiting in this process now.
@@ -383,8 +403,8 @@ def place_to_wait(token_id: int | None) -> Iterator[bool]:
     if token_id is None:
         yield True
         return
-    with waits.take(token_id, settings.GRUNDLAG_MAX_WAITS_PER_TOKEN) as placed:
-        yield placed
+    with waits.take(token_id, settings.GRUNDLAG_MAX_WAITS_PER_TOKEN) as place:
+        yield bool(place)
 
 
 class TokenRateThrottle(BaseThrottle):

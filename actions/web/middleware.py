@@ -159,9 +159,18 @@ class TokenConcurrency:
             await self.app(scope, receive, send)
             return
         key = hashlib.sha256(sent.strip()).digest()  # as the token's check reads it
-        with self.under_way.take(key, most) as placed:
-            if placed:
-                await self.app(scope, receive, send)
+        with self.under_way.take(key, most) as place:
+            if place:
+
+                async def answering(message: dict[str, Any]) -> None:
+                    await send(message)
+                    # Answered: under way no longer, for the client, which may send the next at
+                    # once; what the app does after (closing, its connection given back) is not
+                    # counted against it.
+                    if message["type"] == "http.response.body" and not message.get("more_body"):
+                        place.give_back()
+
+                await self.app(scope, receive, answering)
                 return
         body = json.dumps(
             {"detail": f"this token has {most} requests under way already; retry when one has ended"}
