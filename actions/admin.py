@@ -30,9 +30,11 @@ from actions.models import (
     DeliveryAttempt,
     Grant,
     Interrupt,
+    Membership,
     Notification,
     Policy,
     Preferences,
+    Role,
     Run,
     RunEvent,
     Team,
@@ -79,12 +81,19 @@ class TeamChannelsInline(admin.StackedInline[TeamChannels, Team]):
     can_delete = False
 
 
+class MembershipInline(admin.TabularInline[Membership, Team]):
+    """The team's members and their roles (also on the team's own page, for its admins)."""
+
+    model = Membership
+    autocomplete_fields = ["user"]
+    extra = 0
+
+
 @admin.register(Team)
 class TeamAdmin(GuardedAdmin):
     list_display = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
-    filter_horizontal = ["members"]
-    inlines = [TeamChannelsInline]
+    inlines = [MembershipInline, TeamChannelsInline]
 
 
 @admin.register(Preferences)
@@ -160,12 +169,14 @@ class TeamRuleForm(forms.ModelForm[TeamRule]):
         elif then == TeamRule.Then.ASSIGN:
             names = [each.strip() for each in (cleaned.get("assignees") or "").split(",") if each.strip()]
             team = cleaned.get("team") or self.instance.team
-            members = get_user_model().objects.filter(username__in=names, teams=team, is_active=True)
+            members = get_user_model().objects.filter(
+                username__in=names, memberships__team=team, memberships__role__in=Role.DECIDE, is_active=True
+            )
             known = set(members.values_list("username", flat=True))
             if not names:
                 self.add_error("assignees", "Name at least one user.")
             elif unknown := [each for each in names if each not in known]:
-                self.add_error("assignees", f"Not a member of {team}: {', '.join(unknown)}.")
+                self.add_error("assignees", f"Not an approver or admin of {team}: {', '.join(unknown)}.")
         elif then == TeamRule.Then.ROUTE:
             route_to, team = cleaned.get("route_to"), cleaned.get("team") or self.instance.team_id
             if route_to is None:

@@ -23,7 +23,7 @@ class ActionsConfig(AppConfig):
         from actions.engine import audit, driving, journal
         from actions.live import push as live
         from actions.live import waiting
-        from actions.models import Run, Team
+        from actions.models import Membership, Run, Team
         from actions.web.middleware import axes_middleware_last
 
         # Runs of these consumers are stepped by their driver; every other runs a plain action.
@@ -38,6 +38,9 @@ class ActionsConfig(AppConfig):
         signals.m2m_changed.connect(
             live.on_membership_changed, sender=Team.members.through, dispatch_uid="live-members"
         )
+        # A role changed, a membership made or ended one at a time (the Team page, the admin).
+        signals.post_save.connect(live.on_role_changed, sender=Membership, dispatch_uid="live-role")
+        signals.post_delete.connect(live.on_role_changed, sender=Membership, dispatch_uid="live-role-end")
         signals.post_save.connect(live.on_user_saved, sender=get_user_model(), dispatch_uid="live-user")
         user_logged_out.connect(live.on_logged_out, dispatch_uid="live-logout")
         # An API request waiting for a run (Prefer: wait) reads it again as soon as it changed.

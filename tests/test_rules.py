@@ -421,7 +421,7 @@ def test_a_delegate_gets_what_is_assigned_to_someone_away_and_nobody_counts_twic
     with pytest.raises(ValueError):
         delegation.set_away(reviewer, reviewer, now, now + timedelta(days=1))
     outsider = User.objects.create_user("nobody")
-    with pytest.raises(ValueError, match="none of your teams"):
+    with pytest.raises(ValueError, match="not an approver or admin in any team where you decide"):
         delegation.set_away(reviewer, outsider, now, now + timedelta(days=1))
 
 
@@ -474,7 +474,10 @@ def test_the_admin_refuses_a_rule_that_cannot_work_naming_what(admin_client: Any
         "typed without": ({"action": "rules_typed"}, "takes a typed answer"),
         "typed wrong": ({"action": "rules_typed", "answer": '{"approved": "x"}'}, "does not fit rules_typed"),
         "unknown action": ({"action": "nope"}, "There is no action named"),
-        "assign nobody": ({"then": "assign", "assignees": "ghost"}, "Not a member of Finance: ghost"),
+        "assign nobody": (
+            {"then": "assign", "assignees": "ghost"},
+            "Not an approver or admin of Finance: ghost",
+        ),
         "route self": ({"then": "route", "route_to": str(team.pk)}, "another team"),
         "require": ({"then": "require"}, "how many people"),
     }

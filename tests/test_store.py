@@ -201,7 +201,7 @@ def test_people_are_a_teams_active_members_each_once_with_their_preferences(
     from django.contrib.auth.models import User
 
     from actions.engine.store import people
-    from actions.models import Preferences
+    from actions.models import Membership, Preferences, Role
 
     ann, bob, cy, gone = (User.objects.create_user(name) for name in ("ann", "bob", "cy", "gone"))
     gone.is_active = False
@@ -209,23 +209,32 @@ def test_people_are_a_teams_active_members_each_once_with_their_preferences(
     team.members.add(ann, bob, gone)
     other_team.members.add(bob, cy)
     Preferences.objects.create(user=bob, email=False, slack_user_id="U0BOB")
+    # In the roles asked for only, as the membership in that team says.
+    dee, eve = User.objects.create_user("dee"), User.objects.create_user("eve")
+    Membership.objects.create(team=team, user=dee, role=Role.VIEWER)
+    Membership.objects.create(team=team, user=eve, role=Role.AUDITOR)
+    Membership.objects.create(team=other_team, user=eve, role=Role.ADMIN)
 
     with django_assert_num_queries(2):
-        found = people([team.pk, other_team.pk])
-        assert [user.username for user in found] == ["ann", "bob", "cy"]
-        ann_read, bob_read, _ = found
+        found = people([team.pk, other_team.pk], Role.DECIDE)
+        ann_read, bob_read = found[:2]
         assert bob_read.grundlag_preferences.slack_user_id == "U0BOB"
         assert bob_read.grundlag_preferences.user is bob_read
         with pytest.raises(Preferences.DoesNotExist):
             ann_read.grundlag_preferences  # noqa: B018 - chose none: as select_related says
-    assert [user.username for user in people([team.pk])] == ["ann", "bob"]
-    assert [user.username for user in people([team.pk], usernames=["bob", "cy"])] == ["bob"]
-    assert [user.username for user in people([other_team.pk], user_id=bob.pk)] == ["bob"]
-    assert people([team.pk], user_id=cy.pk) == [] and people([]) == []
+    assert [user.username for user in found] == ["ann", "bob", "cy", "eve"]
+    assert [user.username for user in people([team.pk], Role.DECIDE)] == ["ann", "bob"]
+    assert [user.username for user in people([team.pk], Role.WORK)] == ["ann", "bob", "dee"]
+    assert [user.username for user in people([team.pk], Role.READ)] == ["ann", "bob", "dee", "eve"]
+    assert [user.username for user in people([team.pk], {Role.AUDITOR})] == ["eve"]
+    assert [user.username for user in people([team.pk], Role.DECIDE, usernames=["bob", "cy"])] == ["bob"]
+    assert [user.username for user in people([other_team.pk], Role.DECIDE, user_id=bob.pk)] == ["bob"]
+    assert people([team.pk], Role.DECIDE, user_id=cy.pk) == [] and people([], Role.DECIDE) == []
+    assert people([team.pk], Role.DECIDE, user_id=dee.pk) == [] and people([team.pk], ()) == []
     # An assignee that is not a string (an action's own list) names no one, as the ORM's did;
     # naming no one is no one, not everyone.
-    assert people([team.pk], usernames=[42]) == []  # type: ignore[list-item]
-    assert people([team.pk], usernames=[]) == []
+    assert people([team.pk], Role.DECIDE, usernames=[42]) == []  # type: ignore[list-item]
+    assert people([team.pk], Role.DECIDE, usernames=[]) == []
 
 
 def test_the_events_to_tell_are_the_recent_untold_ones_of_those_kinds_oldest_first(team: Team) -> None:

@@ -19,7 +19,7 @@ from actions.engine.driving import Answers, Driver, Pause, StepResult, call_bind
 from actions.engine.errors import MAX_ERROR_CHARS, InvalidInput
 from actions.engine.policies import effective_policy
 from actions.engine.schemas import check_answer_schema, field_error, schema_errors
-from actions.models import Run, Team
+from actions.models import Membership, Role, Run, Team
 
 APPROVAL_ACTION = "approval"
 # A question is short: a page's heading, a mail's subject, a Slack message's first line.
@@ -69,11 +69,16 @@ def request_approval(
             )
     names = list(dict.fromkeys(name.strip() for name in assignees or [] if name.strip()))
     if names:
-        members = set(team.members.filter(username__in=names).values_list("username", flat=True))
+        members = set(
+            Membership.objects.filter(team=team, role__in=Role.DECIDE, user__username__in=names).values_list(
+                "user__username", flat=True
+            )
+        )
         if missing := [name for name in names if name not in members]:
             raise InvalidInput(
-                f"assignees must be members of {team}: {', '.join(missing)} is not",
-                [field_error("assignees", f"not in the team: {', '.join(missing)}")],
+                f"assignees must be members of {team} who decide (approvers or admins):"
+                f" {', '.join(missing)} is not",
+                [field_error("assignees", f"not an approver or admin of the team: {', '.join(missing)}")],
             )
     check_against_team(team, names, approvals_required, default_answer)
     policy: dict[str, Any] = {}

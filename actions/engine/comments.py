@@ -12,7 +12,8 @@ from django.db import transaction
 
 from actions.engine.errors import InvalidInput, NotAllowed
 from actions.engine.journal import atomic, discussed, log
-from actions.models import Comment, Interrupt, RunEvent, Team
+from actions.engine.policies import role_refusal
+from actions.models import Comment, Interrupt, Role, RunEvent, Team
 
 MENTION = re.compile(r"(?<![\w@.])@([\w.+-]+)")
 # More people than this in one comment is a broadcast, not a mention.
@@ -20,9 +21,10 @@ MAX_MENTIONS = 10
 
 
 def may_comment(user: AbstractBaseUser | AnonymousUser, interrupt: Interrupt) -> bool:
-    """Members of its teams (the team it escalated to too), whoever may decide it."""
+    """Members of its teams (the team it escalated to too) who work its inbox (viewers,
+    approvers, admins: not its auditors, who only read), whoever may decide it."""
     pk = getattr(user, "pk", None)
-    return pk is not None and Team.objects.filter(pk__in=interrupt.team_ids, members=pk).exists()
+    return pk is not None and Team.where(pk, Role.WORK).filter(pk__in=interrupt.team_ids).exists()
 
 
 def mentioned(body: str, interrupt: Interrupt, author_pk: int) -> list[str]:
@@ -32,7 +34,13 @@ def mentioned(body: str, interrupt: Interrupt, author_pk: int) -> list[str]:
         return []
     found = set(
         get_user_model()
-        .objects.filter(username__in=names, is_active=True, teams__in=interrupt.team_ids)
+        .objects.filter(
+            username__in=names,
+            is_active=True,
+            memberships__team__in=interrupt.team_ids,
+            memberships__role__in=Role.WORK,
+        )
+        .distinct()
         .exclude(pk=author_pk)
         .values_list("username", flat=True)
     )
@@ -53,7 +61,10 @@ def comment(interrupt: Interrupt, body: str, by: AbstractBaseUser) -> Comment:
         msg = f"At most {Comment.MAX_LENGTH} characters (this one has {len(text)})."
         raise InvalidInput("the comment is too long", [{"loc": ["body"], "msg": msg}])
     if not may_comment(by, interrupt):
-        raise NotAllowed(f"Only members of {interrupt.team} can discuss this.")
+        raise NotAllowed(
+            role_refusal(by, interrupt.team_ids, Role.WORK, "discuss this")
+            or f"Only members of {interrupt.team} can discuss this."
+        )
     author_pk = int(by.pk)
     mentions = mentioned(text, interrupt, author_pk)
     if len(mentions) > MAX_MENTIONS:

@@ -14,7 +14,7 @@ from actions.core import (
 from actions.engine import store
 from actions.engine.errors import retry_on_conflict
 from actions.engine.journal import atomic, inbox_changed, log
-from actions.models import Delegation, Interrupt, Run, RunEvent, Team
+from actions.models import Delegation, Interrupt, Membership, Role, Run, RunEvent, Team
 
 MAX_DELEGATION_HOPS = 5
 
@@ -31,7 +31,11 @@ def delegated(run: Run, fields: dict[str, Any], note: dict[str, Any], policy: Ap
     if not away:
         return assignees
     team_id = fields.get("team_id", run.team_id)
-    members = set(Team.objects.get(pk=team_id).members.values_list("username", flat=True))
+    members = set(
+        Membership.objects.filter(team_id=team_id, role__in=Role.DECIDE).values_list(
+            "user__username", flat=True
+        )
+    )
     may_approve_own = fields.get("requester_may_approve", policy.requester_may_approve)
     result, moved, kept = [], {}, {}
     for name in assignees:
@@ -43,7 +47,7 @@ def delegated(run: Run, fields: dict[str, Any], note: dict[str, Any], policy: Ap
         if delegate in assignees or delegate in result:
             why = f"{delegate} is already one of its approvers"
         elif delegate not in members:
-            why = f"{delegate} is not in the team that decides it"
+            why = f"{delegate} is not an approver or admin of the team that decides it"
         elif not may_approve_own and run.started_by is not None and run.started_by.get_username() == delegate:
             why = f"{delegate} started the run"
         if why:
@@ -87,8 +91,13 @@ def set_away(user: Any, delegate: Any, starts_at: datetime, ends_at: datetime) -
         raise ValueError("the end must come after the start")
     if ends_at <= timezone.now():
         raise ValueError("the end is in the past")
-    if not Team.objects.filter(members=user).filter(members=delegate).exists():
-        raise ValueError(f"{delegate.get_username()} is in none of your teams")
+    if (
+        not Team.where(user, Role.DECIDE)
+        .filter(pk__in=Team.where(delegate, Role.DECIDE).values("pk"))
+        .exists()
+    ):
+        name = delegate.get_username()
+        raise ValueError(f"{name} is not an approver or admin in any team where you decide")
     return _set_away(user, delegate, starts_at, ends_at)
 
 
@@ -107,7 +116,7 @@ def _set_away(user: Any, delegate: Any, starts_at: datetime, ends_at: datetime) 
             it = Interrupt.objects.get(pk=interrupt_id)
             if not it.is_pending or name not in (it.assignees or []) or to in it.assignees:
                 continue
-            if not Team.objects.filter(pk__in=it.team_ids, members=delegate).exists():
+            if not Team.where(delegate, Role.DECIDE).filter(pk__in=it.team_ids).exists():
                 continue
             if (
                 not it.requester_may_approve

@@ -5,12 +5,13 @@ actions.engine.deadlines.)"""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Any
 
 from actions.core import ApprovalPolicy, registry
 from actions.engine import store
-from actions.models import Actor, ApiToken, Interrupt, Policy, Run, Team
+from actions.models import Actor, ApiToken, Interrupt, Membership, Policy, Role, Run, Team
 
 # Who decided an interrupt whose deadline passed (its decided_by_name; the audit says "deadline").
 DEADLINE_POLICY = "deadline policy"
@@ -116,17 +117,20 @@ def policy_fields(
 
 
 def may_decide(by: Actor, interrupt: Interrupt) -> bool:
-    """Members of its team (or of the team it escalated to), and among them its assignees if
-    it names any. A token acts for its team, but is nobody in particular: it cannot be one of
-    several required approvers, nor a named assignee."""
+    """Members of its team (or of the team it escalated to) whose role decides (approvers and
+    admins), and among them its assignees if it names any. A token acts for its team, but is
+    nobody in particular: it cannot be one of several required approvers, nor a named assignee."""
     if by is None:
         return True  # the engine itself: a deadline policy
     if isinstance(by, ApiToken):
         return (
             by.team_id in interrupt.team_ids and not interrupt.assignees and interrupt.approvals_required == 1
         )
-    if not by.is_authenticated or not Team.objects.filter(pk__in=interrupt.team_ids, members=by.pk).exists():
-        return False
+    if (
+        not by.is_authenticated
+        or not Team.where(by.pk, Role.DECIDE).filter(pk__in=interrupt.team_ids).exists()
+    ):
+        return False  # a member whose role does not decide (a viewer, an auditor) neither
     return not interrupt.assignees or by.get_username() in interrupt.assignees
 
 
@@ -161,23 +165,42 @@ def why_not(by: Actor, interrupt: Interrupt) -> str:
         return f"Only {', '.join(interrupt.assignees)} may decide this."
     if isinstance(by, ApiToken) and interrupt.approvals_required > 1:
         return f"This needs {interrupt.approvals_required} people to approve; an API token is not a person."
+    if refused := role_refusal(by, interrupt.team_ids, Role.DECIDE, "decide this"):
+        return refused
     return f"Only members of {interrupt.team} can decide this."
+
+
+def role_refusal(by: Actor, team_ids: Collection[int], roles: Collection[str], what: str) -> str:
+    """Why a member of these teams may not do ``what``: the role it needs, and theirs; "" when
+    ``by`` is no member of them at all (or is one in a role that may)."""
+    if isinstance(by, ApiToken) or by is None or not by.is_authenticated:
+        return ""
+    theirs = Membership.roles_of(by.pk, team_ids)
+    if not theirs or theirs & set(roles):
+        return ""
+    return (
+        f"To {what} you need the {Role.needed(roles)} role in this team;"
+        f" yours is {' and '.join(sorted(theirs))}. A team admin can change it."
+    )
 
 
 def why_not_cancel(by: Actor, run: Run) -> str:
     """Why ``by`` may not cancel ``run``, or "". Cancelling ends every approval the run waits
     for, so it is a decision too: whoever started the run may withdraw it; anyone else must be
     allowed to decide each interrupt it waits on (a run whose approval is assigned to the CFO is
-    not ended by another member of the team). Members of its team only, either way."""
+    not ended by another member of the team). Members of its team whose role decides only,
+    either way."""
     if by is None:
         return ""
     if isinstance(by, ApiToken):
         member, started = by.team_id == run.team_id, run.started_by_token_id == by.pk
     else:
-        member = by.is_authenticated and Team.objects.filter(pk=run.team_id, members=by.pk).exists()
+        member = by.is_authenticated and Team.where(by.pk, Role.DECIDE).filter(pk=run.team_id).exists()
         started = run.started_by_id is not None and run.started_by_id == by.pk
     if not member:
-        return f"Only members of {run.team} can cancel this run."
+        return role_refusal(by, [run.team_id], Role.DECIDE, "cancel a run") or (
+            f"Only members of {run.team} can cancel this run."
+        )
     if started:
         return ""
     for interrupt in Interrupt.objects.filter(run_id=run.pk, status=Interrupt.Status.PENDING):

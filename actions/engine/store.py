@@ -659,13 +659,18 @@ def read_interrupt(interrupt_id: int) -> Interrupt | None:
 
 
 def people(
-    team_ids: Sequence[int], *, usernames: Sequence[str] | None = None, user_id: int | None = None
+    team_ids: Sequence[int],
+    roles: Collection[str],
+    *,
+    usernames: Sequence[str] | None = None,
+    user_id: int | None = None,
 ) -> list[Any]:
-    """The active members of these teams, each once, by id: of those, the ones ``usernames``
-    names (when given: none when it names none), or the one ``user_id`` (when given). Each with
+    """The active members of these teams in one of ``roles``, each once, by id: of those, the
+    ones ``usernames`` names (when given: none when it names none), or the one ``user_id`` (when
+    given). Each with
     their notification preferences, as ``select_related`` reads them (none cached when they
     chose none): whom an interrupt's event is told to (actions.notify), on every pause's path."""
-    if not team_ids or usernames is not None and not usernames:
+    if not team_ids or not roles or usernames is not None and not usernames:
         return []
     to_user, to_team = _membership()
     who = (
@@ -674,9 +679,11 @@ def people(
             f" WHERE m.{{TeamMember.{to_user}}} = u.{{User.pk}} AND m.{{TeamMember.{to_team}}} IN ("
         )
         + _marks(team_ids)
+        + sql(") AND m.{TeamMember.role} IN (")
+        + _marks(sorted(roles))
         + "))"
     )
-    params: list[Any] = list(team_ids)
+    params: list[Any] = [*team_ids, *sorted(roles)]
     if usernames:
         who += sql(" AND u.{User.username} IN (") + _marks(usernames) + ")"
         params += [str(name) for name in usernames]  # as the ORM's username__in would

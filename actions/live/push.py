@@ -163,13 +163,17 @@ def recheck_sockets_of(user_ids: list[int], *, ended_session: str | None = None)
 def on_membership_changed(
     sender: Any, *, instance: Any, action: str, reverse: bool, pk_set: set[int] | None, **kwargs: Any
 ) -> None:
-    """Team.members changed (m2m_changed): the users added or removed re-check."""
-    if action == "pre_clear":
-        # Whose membership a clear() ends is known only before it.
-        users = [instance.pk] if reverse else list(instance.members.values_list("pk", flat=True))
-        recheck_sockets_of(users)
-    elif action in ("post_add", "post_remove"):
+    """Members added through Team.members (m2m_changed): they re-check. (add() writes its rows
+    without post_save; what remove() and clear() delete sends post_delete: on_role_changed.)"""
+    if action == "post_add":
         recheck_sockets_of([instance.pk] if reverse else sorted(pk_set or ()))
+
+
+def on_role_changed(sender: Any, *, instance: Any, **kwargs: Any) -> None:
+    """A membership saved (a new one, or its role changed) or deleted (one by one, or by
+    Team.members' remove() and clear()): its user re-checks (an approver made auditor leaves
+    the live inbox now)."""
+    recheck_sockets_of([instance.user_id])
 
 
 def on_user_saved(sender: Any, *, instance: Any, created: bool, **kwargs: Any) -> None:

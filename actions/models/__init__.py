@@ -49,6 +49,8 @@ from actions.models.teams import (
     ApiToken,
     IdempotencyKey,
     InboxStream,
+    Membership,
+    Role,
     Team,
     actor_name,
     actor_user,
@@ -57,6 +59,8 @@ from actions.models.teams import (
 
 __all__ = [
     "Actor",
+    "Membership",
+    "Role",
     "actor_name",
     "actor_user",
     "ApiToken",

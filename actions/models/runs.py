@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from actions.core import value_problem
 from actions.models.base import JSONField, where_set
-from actions.models.teams import Team
+from actions.models.teams import Role, Team
 
 
 class Run(models.Model):
@@ -102,10 +102,10 @@ class Run(models.Model):
     @classmethod
     def visible_to(cls, user: Any) -> models.QuerySet[Run]:
         """The runs a user may see: all for staff; otherwise their teams' runs, and runs with an
-        interrupt escalated to one of their teams."""
+        interrupt escalated to one of their teams (in any role: each reads)."""
         if user.is_staff:
             return cls.objects.all()
-        teams = Team.objects.filter(members=user)
+        teams = Team.where(user, Role.READ)
         escalated = Interrupt.objects.filter(escalate_to__in=teams, escalated_at__isnull=False)
         return cls.objects.filter(models.Q(team__in=teams) | models.Q(pk__in=escalated.values("run_id")))
 

@@ -1,10 +1,12 @@
-"""Teams, their inbox streams, API tokens and idempotency keys; who acted (Actor)."""
+"""Teams, their members and what each may do there (roles), their inbox streams, API tokens and
+idempotency keys; who acted (Actor)."""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
-from typing import Any
+from collections.abc import Collection
+from typing import Any, ClassVar
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -17,7 +19,9 @@ class Team(models.Model):
 
     name = models.CharField(max_length=100)
     slug = models.SlugField(max_length=100, unique=True)
-    members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="teams", blank=True)
+    members = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, through="Membership", related_name="teams", blank=True
+    )
     created_at = models.DateTimeField(default=timezone.now)
     # Changed (to a random number) whenever the team's rules or grants change: each process
     # keeps them compiled (actions.engine.rules) and reads only this to know they are current.
@@ -37,6 +41,63 @@ class Team(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @classmethod
+    def where(cls, user: Any, roles: Collection[str]) -> models.QuerySet[Team]:
+        """The teams in which ``user`` has one of ``roles`` (Role's groups: Role.DECIDE...)."""
+        return cls.objects.filter(memberships__user=user, memberships__role__in=roles)
+
+
+class Role(models.TextChoices):
+    """What a member may do in their team. Each role may what the one before it may, but the
+    auditor's, which only reads."""
+
+    VIEWER = "viewer", "viewer"  # sees the team's inbox, runs and history; comments
+    APPROVER = "approver", "approver"  # also decides (and so grants, delegates, cancels)
+    ADMIN = "admin", "admin"  # also manages the team: its members, rules, policies, tokens
+    AUDITOR = "auditor", "auditor"  # reads the team's history, exports and event log; never decides
+
+    # The roles that may each thing. A refusal names the first of its group (Role.needed).
+    READ: ClassVar[frozenset[str]]  # runs, interrupts, history, exports, the event log
+    WORK: ClassVar[frozenset[str]]  # the inbox (live), comments, starting runs from a page
+    DECIDE: ClassVar[frozenset[str]]
+    MANAGE: ClassVar[frozenset[str]]
+
+    @staticmethod
+    def needed(roles: Collection[str]) -> str:
+        """The least role of a group, for a refusal to name ("needs the approver role")."""
+        return next(role for role in ("viewer", "approver", "admin", "auditor") if role in roles)
+
+
+Role.READ = frozenset({Role.VIEWER, Role.APPROVER, Role.ADMIN, Role.AUDITOR})
+Role.WORK = frozenset({Role.VIEWER, Role.APPROVER, Role.ADMIN})
+Role.DECIDE = frozenset({Role.APPROVER, Role.ADMIN})
+Role.MANAGE = frozenset({Role.ADMIN})
+
+
+class Membership(models.Model):
+    """A person's place in a team, with their role. (The table is the one Team.members had
+    before roles: every member then became an approver.)"""
+
+    team = models.ForeignKey(Team, models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="memberships")
+    # The database's default too: a process of the version before, during a rolling upgrade,
+    # adds members without a role.
+    role = models.CharField(
+        max_length=16, choices=Role.choices, default=Role.APPROVER, db_default=Role.APPROVER
+    )
+
+    class Meta:
+        db_table = "actions_team_members"
+        unique_together = [("team", "user")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team}: {self.role}"
+
+    @classmethod
+    def roles_of(cls, user_id: Any, team_ids: Collection[int]) -> set[str]:
+        """The roles the user has in these teams (one per team they are a member of)."""
+        return set(cls.objects.filter(user_id=user_id, team_id__in=team_ids).values_list("role", flat=True))
 
 
 class InboxStream(models.Model):

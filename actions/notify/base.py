@@ -12,7 +12,15 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from actions.models import DeliveryAttempt, Interrupt, Notification, Preferences, Team, TeamChannels
+from actions.models import (
+    DeliveryAttempt,
+    Interrupt,
+    Membership,
+    Notification,
+    Preferences,
+    Role,
+    TeamChannels,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -111,8 +119,11 @@ def still_for(notification: Notification) -> str:
         return "the recipient turned mail off"
     if interrupt is None:
         return ""
-    if not Team.objects.filter(pk__in=interrupt.team_ids, members=user).exists():
+    roles = Membership.roles_of(user.pk, interrupt.team_ids)
+    if not roles:
         return "the recipient is no longer in the interrupt's team"
+    if not roles & (Role.DECIDE if notification.type in ASKS_DECISION else Role.WORK):
+        return f"the recipient's role ({' and '.join(sorted(roles))}) is not told of it"
     if (
         notification.type in ASKS_DECISION
         and interrupt.approvals.filter(user=user, superseded_at=None).exists()

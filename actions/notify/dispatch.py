@@ -22,6 +22,7 @@ from actions.models import (
     DeliveryAttempt,
     Interrupt,
     Notification,
+    Role,
     Run,
     RunEvent,
     TeamChannels,
@@ -187,7 +188,7 @@ def _to_people(
 def _to_mentioned(it: Interrupt, event: RunEvent, body: dict[str, Any], notify: Any) -> None:
     """A comment's @mentions: each member named, on each channel that tells a person."""
     names = [str(name) for name in (event.detail.get("mentions") or [])]
-    for user in engine.people(it.team_ids, usernames=names):
+    for user in engine.people(it.team_ids, Role.WORK, usernames=names):
         for transport in delivery.TRANSPORTS.values():
             transport.to_mentioned(user, body, notify)
 
@@ -198,9 +199,10 @@ def _people(it: Interrupt, kind: str, team_ids: list[int]) -> list[Any]:
         asked_by = it.run.started_by_id
         if asked_by is None or asked_by == it.decided_by_id:
             return []
-        # Still in its team: someone who has left hears no more of it.
-        return engine.people(team_ids, user_id=asked_by)
-    return engine.people(team_ids, usernames=it.assignees or None)
+        # Still in its team: someone who has left hears no more of it (an auditor never did).
+        return engine.people(team_ids, Role.WORK, user_id=asked_by)
+    # Whose role decides (a viewer follows the inbox itself; an auditor, the history).
+    return engine.people(team_ids, Role.DECIDE, usernames=it.assignees or None)
 
 
 # In this process, the events of one run are worked out one dispatch at a time (the

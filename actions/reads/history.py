@@ -21,7 +21,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from actions.engine import store
-from actions.models import Interrupt, RunEvent, Team
+from actions.models import Interrupt, Role, RunEvent, Team
 
 PAGE_SIZE = 50
 M = TypeVar("M", bound=Model)
@@ -34,10 +34,11 @@ class Refused(Exception):
 
 
 def scope(user: Any) -> list[int] | None:
-    """The teams whose history ``user`` may read: None for staff (all of it)."""
+    """The teams whose history ``user`` may read (in any role: an auditor's are the teams they
+    audit): None for staff (all of it)."""
     if user.is_staff:
         return None
-    return list(Team.objects.filter(members=user).values_list("pk", flat=True))
+    return list(Team.where(user, Role.READ).values_list("pk", flat=True))
 
 
 def filtered(

@@ -19,7 +19,7 @@ from django.utils.text import capfirst
 
 from actions import engine
 from actions.core import registry
-from actions.models import Interrupt, Team
+from actions.models import Interrupt, Role, Team
 from actions.web.views import INBOX_LIMIT, AuthenticatedRequest, pending_in_inbox
 
 # At most this many in one bulk decision: the inbox's page. More are decided in a second round.
@@ -62,7 +62,7 @@ def _chosen(request: AuthenticatedRequest, data: Any, *, by_filter: bool) -> tup
     if by_filter and data.get("all"):
         matching = pending_in_inbox(request.user, data.get("filter_team", ""), data.get("filter_action", ""))
     else:
-        teams = Team.objects.filter(members=request.user)
+        teams = Team.where(request.user, Role.WORK)
         # Ids as a database has them: ASCII digits, within a 64-bit integer.
         ids = [int(i) for i in data.getlist("ids") if i.isascii() and i.isdigit() and len(i) < 19]
         matching = Interrupt.objects.filter(Interrupt.visible_to(teams), pk__in=ids)

@@ -19,7 +19,7 @@ from django.contrib.auth import SESSION_KEY, get_user_model
 
 from actions import metrics
 from actions.live import push as live
-from actions.models import InboxStream, Run, Team
+from actions.models import InboxStream, Role, Run, Team
 
 logger = logging.getLogger(__name__)
 
@@ -180,12 +180,14 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
 
     @database_sync_to_async
     def team_groups(self) -> list[str]:
-        teams = Team.objects.filter(members=self.scope["user"]).values_list("pk", flat=True)
+        teams = Team.where(self.scope["user"], Role.WORK).values_list("pk", flat=True)
         return sorted(live.team_group(pk) for pk in teams)
 
     @database_sync_to_async
     def team_streams(self) -> dict[str, int]:
-        rows = InboxStream.objects.filter(team__members=self.scope["user"]).values_list("team_id", "seq")
+        rows = InboxStream.objects.filter(team__in=Team.where(self.scope["user"], Role.WORK)).values_list(
+            "team_id", "seq"
+        )
         return {str(team_id): int(seq) for team_id, seq in rows}
 
     @database_sync_to_async

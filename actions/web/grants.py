@@ -16,7 +16,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from actions import engine
-from actions.models import Delegation, Grant, Team
+from actions.models import Delegation, Grant, Role, Team
 from actions.web.views import AuthenticatedRequest
 
 ENDED_SHOWN = 50
@@ -24,7 +24,7 @@ ENDED_SHOWN = 50
 
 def _grants_for(user: Any) -> Any:
     grants = Grant.objects.select_related("team", "run")
-    return grants if user.is_staff else grants.filter(team__members=user)
+    return grants if user.is_staff else grants.filter(team__in=Team.where(user, Role.READ))
 
 
 @login_required
@@ -62,8 +62,11 @@ class AwayForm(forms.Form):
 
     def __init__(self, user: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Those who decide in a team where the user decides: only they can take their approvals.
         teammates = get_user_model().objects.filter(
-            teams__in=Team.objects.filter(members=user), is_active=True
+            memberships__team__in=Team.where(user, Role.DECIDE),
+            memberships__role__in=Role.DECIDE,
+            is_active=True,
         )
         delegate = self.fields["delegate"]
         assert isinstance(delegate, forms.ModelChoiceField)

@@ -19,7 +19,7 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from actions import engine
 from actions.core import UnknownAction, registry
-from actions.models import Interrupt, Preferences, Run, RunEvent, Team
+from actions.models import Interrupt, Preferences, Role, Run, RunEvent, Team
 from actions.web.forms import form_for_schema
 from actions.web.views import AuthenticatedRequest, decision_context, get_run_for_user, is_htmx
 
@@ -109,7 +109,7 @@ def cancel_run(request: AuthenticatedRequest, pk: int) -> HttpResponse:
 
 @login_required
 def start(request: AuthenticatedRequest) -> HttpResponse:
-    teams = Team.objects.filter(members=request.user)
+    teams = Team.where(request.user, Role.DECIDE)
     return render(request, "actions/start.html", {"actions": registry.all(), "has_team": teams.exists()})
 
 
@@ -119,7 +119,7 @@ def start_action(request: AuthenticatedRequest, name: str) -> HttpResponse:
         act = registry.get(name)
     except UnknownAction:
         raise Http404("No such action") from None
-    teams = Team.objects.filter(members=request.user)
+    teams = Team.where(request.user, Role.DECIDE)
     form_class = form_for_schema(act.input_schema())
     form = form_class(request.POST or None, prefix="input")
     error = ""

@@ -23,7 +23,7 @@ from django_htmx.middleware import HtmxDetails
 
 from actions import engine
 from actions.core import registry
-from actions.models import InboxStream, Interrupt, Run, RunEvent, Team, Webhook
+from actions.models import InboxStream, Interrupt, Role, Run, RunEvent, Team, Webhook
 from actions.web.forms import ApprovalForm, GrantForm, RejectForm, SchemaForm, answer_form, form_for_schema
 
 
@@ -48,7 +48,8 @@ def is_htmx(request: AuthenticatedRequest) -> bool:
 def get_interrupt_for_user(user: User, pk: int) -> Interrupt:
     interrupts = Interrupt.objects.select_related("run", "team", "escalate_to")
     if not user.is_staff:
-        interrupts = interrupts.filter(Interrupt.visible_to(Team.objects.filter(members=user)))
+        # In any role: an auditor opens what the history lists.
+        interrupts = interrupts.filter(Interrupt.visible_to(Team.where(user, Role.READ)))
     interrupt = interrupts.filter(pk=pk).first()
     if interrupt is None:
         raise Http404("No such interrupt")
@@ -77,8 +78,9 @@ INBOX_LIMIT = 200
 def pending_in_inbox(user: User, team_slug: str = "", action_name: str = "") -> QuerySet[Interrupt]:
     """What the user's inbox shows, as filtered: the pending interrupts of their teams (or of the
     one named), their own and those escalated to them, of any action (or the one named). The
-    inbox lists them, "& next" walks them, a bulk decision's "select all" takes them."""
-    teams = Team.objects.filter(members=user)
+    inbox lists them, "& next" walks them, a bulk decision's "select all" takes them. (Not an
+    auditor's: they read the history.)"""
+    teams = Team.where(user, Role.WORK)
     if team_slug:
         teams = teams.filter(slug=team_slug)
     pending = Interrupt.objects.filter(Interrupt.visible_to(teams), status=Interrupt.Status.PENDING)
@@ -87,7 +89,7 @@ def pending_in_inbox(user: User, team_slug: str = "", action_name: str = "") -> 
 
 @login_required
 def inbox(request: AuthenticatedRequest) -> HttpResponse:
-    teams = list(Team.objects.filter(members=request.user))
+    teams = list(Team.where(request.user, Role.WORK))
     team_slug = request.GET.get("team", "")
     action_name = request.GET.get("action", "")
     # A team's inbox holds its own pending interrupts and those escalated to it: what the page
