@@ -27,7 +27,7 @@ From the top (pyproject.toml's import-linter contract holds the order):
 
 from __future__ import annotations
 
-from actions.engine import idempotency
+from actions.engine import idempotency, members
 from actions.engine.comments import comment, may_comment
 from actions.engine.deadlines import apply_policies
 from actions.engine.decisions import (
@@ -132,6 +132,7 @@ __all__ = [
     "log_event",
     "may_comment",
     "may_decide",
+    "members",
     "outcome_of",
     "pending_interrupts",
     "people",

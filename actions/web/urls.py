@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from actions.web import bulk, grants, history, links, runs, slack, views
+from actions.web import bulk, grants, history, links, runs, slack, teams, views
 
 urlpatterns = [
     path("", views.inbox, name="inbox"),
@@ -22,6 +22,10 @@ urlpatterns = [
     path("settings/notifications/", runs.preferences, name="notification-preferences"),
     path("grants/", grants.grants, name="grants"),
     path("grants/<int:pk>/revoke/", grants.revoke, name="revoke-grant"),
+    path("teams/", teams.teams, name="teams"),
+    path("teams/<slug:slug>/", teams.team, name="team"),
+    path("teams/<slug:slug>/members/", teams.set_member, name="team-member"),
+    path("teams/<slug:slug>/members/<int:user_id>/remove/", teams.remove_member, name="team-member-remove"),
     path("settings/away/", grants.away, name="away"),
     path("settings/away/<int:pk>/back/", grants.back, name="away-back"),
     # A mail's personal decision link, and Slack's interactions (signed by Slack, not a session).

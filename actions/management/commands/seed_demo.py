@@ -12,7 +12,7 @@ from django.test.utils import override_settings
 from actions import engine
 from actions.drivers.agent import start_agent
 from actions.drivers.approval import request_approval
-from actions.models import ApiToken, Policy, Run, Team, TeamRule
+from actions.models import ApiToken, Policy, Role, Run, Team, TeamRule
 
 DEMO_RUNS = [
     ("send_invoice", {"invoice_id": "INV-2041", "amount": 420.0}),
@@ -105,7 +105,9 @@ class Command(BaseCommand):
                 user.email = user.email or f"{username}@example.com"
                 user.save()
                 people[username] = user
-            team.members.add(people["reviewer1"], people["reviewer2"])
+            # reviewer1 manages the demo team (its Team page), reviewer2 decides.
+            team.members.add(people["reviewer1"], through_defaults={"role": Role.ADMIN})
+            team.members.add(people["reviewer2"])
             other.members.add(people["payroll1"])
             # A policy to show in the inbox: announcements not decided within 8 hours expire.
             Policy.objects.get_or_create(
@@ -144,6 +146,8 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"  user {username:<10} password {os.getenv('DEMO_PASSWORD', f'{username}-demo')}"
             )
-        self.stdout.write("  team demo: reviewer1, reviewer2; team payroll: payroll1; auditor is staff")
+        self.stdout.write(
+            "  team demo: reviewer1 (admin), reviewer2 (approver); team payroll: payroll1; auditor is staff"
+        )
         self.stdout.write(f"  started {started} demo run(s)")
         self.stdout.write(f"  API token for team demo: {key}")

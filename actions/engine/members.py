@@ -1,0 +1,107 @@
+"""Who is in a team, and in which role: set by the team's admins (its Team page), by staff (the
+Django admin, the same page) and by automation (``manage.py team_member``, which acts for nobody
+in particular, as the engine's own work does).
+
+What a role lets a member do is checked where they do it (actions.models.Role's groups); a
+change here applies to the next thing they do: a grant given by someone no longer deciding
+approves nothing more (grants ask may_decide of their giver each time), their open pages re-check
+at once (actions.live.push.on_role_changed)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from actions.engine.errors import InvalidInput, NotAllowed
+from actions.engine.journal import atomic
+from actions.engine.policies import role_refusal
+from actions.models import Membership, Role, Team
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MemberChange:
+    """What changed: the user's role before (None: they were not a member) and after (None:
+    they are no longer one)."""
+
+    user: Any
+    before: str | None
+    after: str | None
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+
+def may_manage(by: Any, team: Team) -> bool:
+    """The team's admins, and staff; None is the command line (whoever runs manage.py)."""
+    if by is None:
+        return True
+    if not getattr(by, "is_authenticated", False):
+        return False
+    return bool(by.is_staff) or Team.where(by.pk, Role.MANAGE).filter(pk=team.pk).exists()
+
+
+def why_not_manage(by: Any, team: Team) -> str:
+    return role_refusal(by, [team.pk], Role.MANAGE, "change the team's members") or (
+        f"Only the admins of {team} can change its members."
+    )
+
+
+def set_role(team: Team, user: Any, role: str, by: Any) -> MemberChange:
+    """Make ``user`` a member of ``team`` in ``role``, or change their role to it."""
+    if role not in Role.values:
+        raise InvalidInput(
+            f"{role!r} is not a role: one of {', '.join(Role.values)}",
+            [{"loc": ["role"], "msg": f"Choose one of {', '.join(Role.values)}.", "type": "choice"}],
+        )
+    return _change(team, user, role, by)
+
+
+def remove(team: Team, user: Any, by: Any) -> MemberChange:
+    """End ``user``'s membership of ``team`` (nothing changes when they were not a member)."""
+    return _change(team, user, None, by)
+
+
+def _change(team: Team, user: Any, role: str | None, by: Any) -> MemberChange:
+    if not may_manage(by, team):
+        raise NotAllowed(why_not_manage(by, team))
+    if not user.is_active and role is not None:
+        raise InvalidInput(
+            f"{user.get_username()}'s account is disabled",
+            [{"loc": ["user"], "msg": "A disabled account cannot join a team.", "type": "inactive"}],
+        )
+    with atomic():
+        # The team's row locked (on SQLite the write lock is the database's): two admins
+        # demoting each other at once must not leave the team without one.
+        Team.objects.select_for_update().filter(pk=team.pk).exists()
+        current = Membership.objects.filter(team=team, user=user).first()
+        before = current.role if current is not None else None
+        if before == role:
+            return MemberChange(user, before, role)
+        if before == Role.ADMIN and by is not None and not by.is_staff:
+            others = Membership.objects.filter(team=team, role=Role.ADMIN).exclude(user=user)
+            if not others.exists():
+                raise NotAllowed(
+                    f"{user.get_username()} is the last admin of {team}: make someone else admin first."
+                )
+        if role is None:
+            assert current is not None
+            current.delete()
+        elif current is None:
+            Membership.objects.create(team=team, user=user, role=role)
+        else:
+            current.role = role
+            current.save(update_fields=["role"])
+    change = MemberChange(user, before, role)
+    logger.info(
+        "team %s: %s %s -> %s, by %s",
+        team.slug,
+        user.get_username(),
+        before or "(none)",
+        role or "(none)",
+        by.get_username() if by is not None else "the command line",
+    )
+    return change

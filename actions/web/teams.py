@@ -1,0 +1,86 @@
+"""Your teams, and each team's page: its members and their roles, which its admins (and staff)
+change here (actions.engine.members)."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from actions import engine
+from actions.models import Membership, Role, Team
+from actions.web.views import AuthenticatedRequest
+
+
+def _team_for(request: AuthenticatedRequest, slug: str) -> Team:
+    """The team, to its members (any role) and staff; 404 to anyone else."""
+    teams = Team.objects.all() if request.user.is_staff else Team.where(request.user, Role.READ)
+    team = teams.filter(slug=slug).first()
+    if team is None:
+        raise Http404("No such team")
+    return team
+
+
+@login_required
+def teams(request: AuthenticatedRequest) -> HttpResponse:
+    mine = Membership.objects.filter(user=request.user).select_related("team").order_by("team__name")
+    return render(request, "actions/teams.html", {"memberships": mine})
+
+
+def _page(request: AuthenticatedRequest, team: Team, *, status: int = 200, error: str = "") -> HttpResponse:
+    members = Membership.objects.filter(team=team).select_related("user").order_by("user__username")
+    context = {
+        "team": team,
+        "members": members,
+        "roles": Role.choices,
+        "may_manage": engine.members.may_manage(request.user, team),
+        "error": error,
+    }
+    return render(request, "actions/team.html", context, status=status)
+
+
+@login_required
+def team(request: AuthenticatedRequest, slug: str) -> HttpResponse:
+    return _page(request, _team_for(request, slug))
+
+
+@login_required
+@require_POST
+def set_member(request: AuthenticatedRequest, slug: str) -> HttpResponse:
+    """Add a member in a role, or change a member's role (the form names them by username)."""
+    team = _team_for(request, slug)
+    if not engine.members.may_manage(request.user, team):
+        return _page(request, team, status=403, error=engine.members.why_not_manage(request.user, team))
+    users = get_user_model()
+    name = request.POST.get("username", "").strip()
+    user = users.objects.filter(**{users.USERNAME_FIELD: name}).first() if name else None
+    if user is None:
+        error = f"There is no user named {name!r}." if name else "Name a user."
+        return _page(request, team, status=422, error=error)
+    try:
+        change = engine.members.set_role(team, user, request.POST.get("role", ""), request.user)
+    except engine.InvalidInput as exc:
+        return _page(request, team, status=422, error=f"{str(exc)[:1].upper()}{str(exc)[1:]}.")
+    except engine.NotAllowed as exc:
+        return _page(request, team, status=403, error=str(exc))
+    if change.changed:
+        messages.success(request, f"{name} is {change.after} in {team}.")
+    return redirect("team", slug=team.slug)
+
+
+@login_required
+@require_POST
+def remove_member(request: AuthenticatedRequest, slug: str, user_id: int) -> HttpResponse:
+    team = _team_for(request, slug)
+    membership = Membership.objects.filter(team=team, user_id=user_id).select_related("user").first()
+    if membership is None:
+        raise Http404("No such member")
+    try:
+        engine.members.remove(team, membership.user, request.user)
+    except engine.NotAllowed as exc:
+        return _page(request, team, status=403, error=str(exc))
+    messages.success(request, f"{membership.user.get_username()} is no longer in {team}.")
+    return redirect("team", slug=team.slug)
