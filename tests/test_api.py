@@ -249,7 +249,8 @@ def test_without_a_valid_token_everything_is_401(client: Client, api: Api, team:
     token = ApiToken.objects.get(team=team)
     token.revoke()
     response = api.get("/actions")
-    assert response.status_code == 401 and response.json() == {"detail": "Unauthorized"}
+    assert response.status_code == 401 and response["WWW-Authenticate"] == 'Bearer error="invalid_token"'
+    assert "missing, unknown, revoked or expired" in response.json()["detail"]
 
 
 def test_a_request_notes_when_its_token_was_last_used_at_most_once_a_minute(api: Api, team: Team) -> None:

@@ -20,7 +20,8 @@ from actions import engine, notify
 from actions.drivers.approval import request_approval
 from actions.models import Grant, Interrupt, Membership, Notification, Preferences, Role, Run, Team
 
-pytestmark = pytest.mark.django_db
+# On SQLite and on PostgreSQL: what each role may is asked of the database.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("database")]
 
 
 def in_role(team: Team, username: str, role: str) -> User:

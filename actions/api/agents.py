@@ -14,12 +14,13 @@ from actions.api.base import (
     RunOut,
     ScriptRunDetailOut,
     ScriptRunIn,
+    needs,
     token_of,
 )
 from actions.api.responses import get_run, run_out, started
 from actions.drivers.agent import start_agent
 from actions.drivers.sandbox import start_script
-from actions.models import Run
+from actions.models import Run, Scope
 
 router = Router()
 
@@ -35,6 +36,7 @@ def agent_out(request: HttpRequest, run: Run) -> dict[str, Any]:
     "/agents/runs",
     response={200: RunOut, 202: RunOut, 404: Error, 413: Error, 422: Error},
     tags=["agents"],
+    auth=needs(Scope.RUNS_WRITE),
 )
 async def create_agent_run(
     request: HttpRequest, response: HttpResponse, payload: AgentRunIn
@@ -49,7 +51,12 @@ async def create_agent_run(
     )
 
 
-@router.get("/agents/runs/{run_id}", response={200: AgentRunDetailOut, 404: Error}, tags=["agents"])
+@router.get(
+    "/agents/runs/{run_id}",
+    response={200: AgentRunDetailOut, 404: Error},
+    tags=["agents"],
+    auth=needs(Scope.RUNS_WRITE),
+)
 def read_agent_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
     """The agent run with its transcript and its conversation (`messages`)."""
     return agent_out(request, get_run(token_of(request), run_id, consumer=Run.Consumer.AGENT))
@@ -62,6 +69,7 @@ def read_agent_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
     "/scripts/runs",
     response={200: RunOut, 202: RunOut, 413: Error, 422: Error, 503: Error},
     tags=["scripts"],
+    auth=needs(Scope.RUNS_WRITE),
 )
 async def create_script_run(
     request: HttpRequest, response: HttpResponse, payload: ScriptRunIn
@@ -74,7 +82,12 @@ async def create_script_run(
     )
 
 
-@router.get("/scripts/runs/{run_id}", response={200: ScriptRunDetailOut, 404: Error}, tags=["scripts"])
+@router.get(
+    "/scripts/runs/{run_id}",
+    response={200: ScriptRunDetailOut, 404: Error},
+    tags=["scripts"],
+    auth=needs(Scope.RUNS_WRITE),
+)
 def read_script_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
     """The script run with its transcript and its call log."""
     run = get_run(token_of(request), run_id, consumer=Run.Consumer.SANDBOX)

@@ -10,7 +10,7 @@ from ninja import Router, Schema, Status
 from pydantic import Field
 
 from actions import engine
-from actions.api.base import Error, In, token_of
+from actions.api.base import Error, In, needs, token_of
 from actions.api.responses import get_run, settled_response, started
 from actions.drivers.approval import (
     APPROVAL_ACTION,
@@ -20,7 +20,7 @@ from actions.drivers.approval import (
     policy_of,
     request_approval,
 )
-from actions.models import Interrupt, Run
+from actions.models import Interrupt, Run, Scope
 
 router = Router()
 
@@ -129,6 +129,7 @@ APPROVAL_DECIDED = Run.FINISHED
     "/approvals",
     response={200: ApprovalRequestOut, 202: ApprovalRequestOut, 413: Error, 422: Error},
     tags=["approvals"],
+    auth=needs(Scope.APPROVALS_WRITE),
 )
 async def create_approval(
     request: HttpRequest, response: HttpResponse, payload: ApprovalIn
@@ -149,7 +150,12 @@ async def create_approval(
     )
 
 
-@router.get("/approvals/{approval_id}", response={200: ApprovalRequestOut, 404: Error}, tags=["approvals"])
+@router.get(
+    "/approvals/{approval_id}",
+    response={200: ApprovalRequestOut, 404: Error},
+    tags=["approvals"],
+    auth=needs(Scope.APPROVALS_WRITE),
+)
 async def read_approval(
     request: HttpRequest, response: HttpResponse, approval_id: int
 ) -> Status[dict[str, Any]]:
@@ -170,6 +176,7 @@ async def read_approval(
     "/approvals/{approval_id}/cancel",
     response={200: ApprovalRequestOut, 403: Error, 404: Error, 409: Error},
     tags=["approvals"],
+    auth=needs(Scope.APPROVALS_WRITE),
 )
 def cancel_approval(request: HttpRequest, approval_id: int) -> dict[str, Any]:
     """Withdraw a pending approval: it leaves the inbox and ends `cancelled`. 409 once decided."""

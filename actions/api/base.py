@@ -12,18 +12,44 @@ from ninja.security import HttpBearer
 from pydantic import ConfigDict, Field, model_validator
 
 from actions import engine
-from actions.models import ApiToken
+from actions.models import ApiToken, Scope
+
+
+class MissingScope(Exception):
+    """The token is in force, but has none of the scopes the operation needs (403)."""
+
+    def __init__(self, scopes: tuple[str, ...]) -> None:
+        self.scopes = scopes
+        needs = " or ".join(scopes)
+        super().__init__(
+            f"This token may not do this: it needs the scope {needs}."
+            " A team admin makes tokens with the scopes they need (the Team page, or manage.py"
+            " create_api_token --scope)."
+        )
 
 
 class TokenAuth(HttpBearer):
     """The bearer token, read from its header as MCP and the idempotency middleware read it
-    (ApiToken.key_in), so that the three accept the same headers."""
+    (ApiToken.key_in), so that the three accept the same headers; with one of ``scopes``
+    (``needs``), or refused with 403 naming them."""
+
+    def __init__(self, *scopes: str) -> None:
+        super().__init__()
+        self.scopes = scopes
 
     def __call__(self, request: HttpRequest) -> ApiToken | None:
-        return engine.authenticate(ApiToken.key_in(request.headers.get("Authorization", "")))
+        token = engine.authenticate(ApiToken.key_in(request.headers.get("Authorization", "")))
+        if token is not None and not token.allows(self.scopes):
+            raise MissingScope(self.scopes)
+        return token
 
     def authenticate(self, request: HttpRequest, token: str) -> ApiToken | None:
         return engine.authenticate(token)
+
+
+def needs(*scopes: Scope) -> list[TokenAuth]:
+    """An operation's auth: a token in force with one of ``scopes``."""
+    return [TokenAuth(*(str(scope) for scope in scopes))]
 
 
 def token_of(request: HttpRequest) -> ApiToken:

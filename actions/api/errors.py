@@ -5,8 +5,10 @@ from __future__ import annotations
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
+from ninja.errors import AuthenticationError
 
 from actions import engine
+from actions.api.base import MissingScope
 from actions.core import UnknownAction
 from actions.drivers.agent import ModelError
 from actions.drivers.sandbox import SandboxUnavailable
@@ -34,6 +36,22 @@ def register(api: NinjaAPI) -> None:
     def key_in_use(request: HttpRequest, exc: engine.idempotency.KeyInUse) -> HttpResponse:
         response = api.create_response(request, {"detail": str(exc)}, status=409)
         response["Retry-After"] = "1"
+        return response
+
+    @api.exception_handler(MissingScope)
+    def missing_scope(request: HttpRequest, exc: MissingScope) -> HttpResponse:
+        return api.create_response(
+            request, {"detail": str(exc), "missing_scope": list(exc.scopes)}, status=403
+        )
+
+    @api.exception_handler(AuthenticationError)
+    def not_authenticated(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
+        detail = (
+            "Send a token in force as `Authorization: Bearer <token>`:"
+            " this request's is missing, unknown, revoked or expired."
+        )
+        response = api.create_response(request, {"detail": detail}, status=401)
+        response["WWW-Authenticate"] = 'Bearer error="invalid_token"'
         return response
 
     @api.exception_handler(engine.NotAllowed)

@@ -25,11 +25,12 @@ from actions.api.base import (
     RunFields,
     RunIn,
     RunOut,
+    needs,
     token_of,
 )
 from actions.api.responses import decided, get_run, run_out, settled_response, started
 from actions.core import registry
-from actions.models import AuditExport, Interrupt, Run, actor_name
+from actions.models import AuditExport, Interrupt, Run, Scope, actor_name
 from actions.reads import history
 from actions.reads.records import (
     REQUIRES_FIELDS,
@@ -43,7 +44,7 @@ router = Router()
 # Endpoints
 
 
-@router.get("/actions", response=list[ActionOut], tags=["actions"])
+@router.get("/actions", response=list[ActionOut], tags=["actions"], auth=needs(Scope.RUNS_WRITE))
 def list_actions(request: HttpRequest) -> list[dict[str, Any]]:
     return [
         {
@@ -60,6 +61,7 @@ def list_actions(request: HttpRequest) -> list[dict[str, Any]]:
     "/runs",
     response={200: RunOut, 202: RunOut, 404: Error, 413: Error, 422: Error},
     tags=["runs"],
+    auth=needs(Scope.RUNS_WRITE),
 )
 async def create_run(request: HttpRequest, response: HttpResponse, payload: RunIn) -> Status[dict[str, Any]]:
     """Start a run of an action in the token's team. `Prefer: wait=N` waits up to N seconds
@@ -71,7 +73,12 @@ async def create_run(request: HttpRequest, response: HttpResponse, payload: RunI
     )
 
 
-@router.get("/runs/{run_id}", response={200: RunDetailOut, 404: Error}, tags=["runs"])
+@router.get(
+    "/runs/{run_id}",
+    response={200: RunDetailOut, 404: Error},
+    tags=["runs"],
+    auth=needs(Scope.RUNS_WRITE, Scope.INTERRUPTS_READ),
+)
 async def read_run(request: HttpRequest, response: HttpResponse, run_id: int) -> Status[dict[str, Any]]:
     """The run with its transcript. `Prefer: wait=N` holds the answer up to N seconds (at most
     30) while it is queued or running: a long poll for it to pause or finish."""
@@ -87,7 +94,10 @@ def with_transcript(request: HttpRequest, run: Run) -> dict[str, Any]:
 
 
 @router.post(
-    "/runs/{run_id}/cancel", response={200: RunOut, 403: Error, 404: Error, 409: Error}, tags=["runs"]
+    "/runs/{run_id}/cancel",
+    response={200: RunOut, 403: Error, 404: Error, 409: Error},
+    tags=["runs"],
+    auth=needs(Scope.RUNS_WRITE),
 )
 def cancel_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
     """Cancel a queued or interrupted run of the token's team: it ends `cancelled` and its
@@ -203,7 +213,12 @@ def paged(rows: Any, query: ListQuery, consumer: str) -> dict[str, Any]:
     return {"items": found, "next": next_cursor}
 
 
-@router.get("/runs", response={200: RunPage, 422: Error}, tags=["runs"])
+@router.get(
+    "/runs",
+    response={200: RunPage, 422: Error},
+    tags=["runs"],
+    auth=needs(Scope.RUNS_WRITE, Scope.INTERRUPTS_READ),
+)
 def list_runs(
     request: HttpRequest, query: Query[ListQuery], status: RunStatus | None = None
 ) -> dict[str, Any]:
@@ -220,7 +235,12 @@ def list_runs(
     return page
 
 
-@router.get("/interrupts", response={200: InterruptPage, 422: Error}, tags=["interrupts"])
+@router.get(
+    "/interrupts",
+    response={200: InterruptPage, 422: Error},
+    tags=["interrupts"],
+    auth=needs(Scope.INTERRUPTS_READ),
+)
 def list_interrupts(
     request: HttpRequest, query: Query[ListQuery], status: InterruptStatus | None = None
 ) -> dict[str, Any]:
@@ -286,7 +306,9 @@ class HistoryPage(Schema):
     next: str = Field(description="Pass as `after` for the next page; empty on the last")
 
 
-@router.get("/history", response={200: HistoryPage, 403: Error}, tags=["audit"])
+@router.get(
+    "/history", response={200: HistoryPage, 403: Error}, tags=["audit"], auth=needs(Scope.HISTORY_READ)
+)
 def read_history(request: HttpRequest, query: Query[HistoryQuery]) -> dict[str, Any]:
     """The team's decided history, newest first, 50 a page: searched (`q`: every word, in the
     message, data, answer, reason, comments and the run's input) and filtered as the history
@@ -324,6 +346,7 @@ def read_history(request: HttpRequest, query: Query[HistoryQuery]) -> dict[str, 
     response={200: RunOut, 202: RunOut, 403: Error, 404: Error, 409: DecidedError, 413: Error, 422: Error},
     url_name="resume_interrupt",
     tags=["interrupts"],
+    auth=needs(Scope.INTERRUPTS_DECIDE),
 )
 async def resume_interrupt(
     request: HttpRequest, response: HttpResponse, interrupt_id: int, payload: ResumeIn
@@ -342,6 +365,7 @@ async def resume_interrupt(
     response={200: RunOut, 202: RunOut, 403: Error, 404: Error, 409: DecidedError, 413: Error, 422: Error},
     url_name="reject_interrupt",
     tags=["interrupts"],
+    auth=needs(Scope.INTERRUPTS_DECIDE),
 )
 async def reject_interrupt(
     request: HttpRequest, response: HttpResponse, interrupt_id: int, payload: RejectIn

@@ -12,8 +12,8 @@ from ninja.errors import HttpError
 from pydantic import Field
 
 from actions import engine
-from actions.api.base import Error, In, token_of
-from actions.models import Webhook, WebhookEvent, actor_name
+from actions.api.base import Error, In, needs, token_of
+from actions.models import Scope, Webhook, WebhookEvent, actor_name
 from actions.notify import webhook
 
 router = Router()
@@ -63,7 +63,12 @@ def webhook_out(hook: Webhook) -> dict[str, Any]:
     }
 
 
-@router.post("/webhooks", response={201: WebhookCreatedOut, 422: Error}, tags=["webhooks"])
+@router.post(
+    "/webhooks",
+    response={201: WebhookCreatedOut, 422: Error},
+    tags=["webhooks"],
+    auth=needs(Scope.WEBHOOKS_WRITE),
+)
 def create_webhook(request: HttpRequest, payload: WebhookIn) -> Status[dict[str, Any]]:
     """Register an endpoint for the team's events. Each request it gets is signed per the
     Standard Webhooks spec with the `secret` in this response, which is not shown again."""
@@ -81,12 +86,17 @@ def create_webhook(request: HttpRequest, payload: WebhookIn) -> Status[dict[str,
     return Status(201, {**webhook_out(hook), "secret": hook.secret})
 
 
-@router.get("/webhooks", response=list[WebhookOut], tags=["webhooks"])
+@router.get("/webhooks", response=list[WebhookOut], tags=["webhooks"], auth=needs(Scope.WEBHOOKS_WRITE))
 def list_webhooks(request: HttpRequest) -> list[dict[str, Any]]:
     return [webhook_out(hook) for hook in Webhook.objects.filter(team=token_of(request).team_id)]
 
 
-@router.delete("/webhooks/{webhook_id}", response={204: None, 404: Error}, tags=["webhooks"])
+@router.delete(
+    "/webhooks/{webhook_id}",
+    response={204: None, 404: Error},
+    tags=["webhooks"],
+    auth=needs(Scope.WEBHOOKS_WRITE),
+)
 def delete_webhook(request: HttpRequest, webhook_id: int) -> Status[None]:
     deleted, _ = Webhook.objects.filter(team=token_of(request).team_id, pk=webhook_id).delete()
     if not deleted:

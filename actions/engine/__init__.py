@@ -27,7 +27,7 @@ From the top (pyproject.toml's import-linter contract holds the order):
 
 from __future__ import annotations
 
-from actions.engine import idempotency, members
+from actions.engine import idempotency, members, tokens
 from actions.engine.comments import comment, may_comment
 from actions.engine.deadlines import apply_policies
 from actions.engine.decisions import (
@@ -153,6 +153,7 @@ __all__ = [
     "sweep",
     "team_channels",
     "team_run",
+    "tokens",
     "validate_answer",
     "visible_interrupt",
     "waiting_on",

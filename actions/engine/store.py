@@ -782,11 +782,15 @@ def fanned_out(event_id: int) -> bool:
 
 
 def token_in_force(key_hash: str) -> ApiToken | None:
-    """The API token of that hash, not revoked, with its team (``authenticate``'s read)."""
+    """The API token of that hash, neither revoked nor expired, with its team
+    (``authenticate``'s read)."""
     found = fetch(
         ApiToken,
-        sql("SELECT * FROM {ApiToken} WHERE {ApiToken.key_hash} = %s AND {ApiToken.revoked_at} IS NULL"),
-        [key_hash],
+        sql(
+            "SELECT * FROM {ApiToken} WHERE {ApiToken.key_hash} = %s AND {ApiToken.revoked_at} IS NULL"
+            " AND ({ApiToken.expires_at} IS NULL OR {ApiToken.expires_at} > %s)"
+        ),
+        [key_hash, timezone.now()],
     )
     if not found:
         return None

@@ -22,7 +22,7 @@ from actions import engine
 from actions.live import waiting
 from actions.mcp.results import caller_token, off_the_loop
 from actions.mcp.server import build_server
-from actions.models import ApiToken
+from actions.models import ApiToken, Scope
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +120,15 @@ class Endpoint:
         if token is None:
             body = {"error": "invalid_token", "error_description": "An API token is required (Bearer)"}
             await _respond(send, 401, body, [(b"www-authenticate", b'Bearer error="invalid_token"')])
+            return
+        if not token.allows([Scope.MCP]):
+            # RFC 6750's answer to a token in force without the scope asked for.
+            body = {
+                "error": "insufficient_scope",
+                "error_description": "This token needs the scope mcp to call the team's tools",
+            }
+            challenge = b'Bearer error="insufficient_scope", scope="mcp"'
+            await _respond(send, 403, body, [(b"www-authenticate", challenge)])
             return
         if scope["method"] == "GET":
             # Stateless: there is no stream for the server's own messages to offer.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Collection
+from datetime import datetime
 from typing import Any, ClassVar
 
 from django.conf import settings
@@ -117,14 +118,36 @@ def hash_token(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+class Scope(models.TextChoices):
+    """What an API token may do: each API operation and the MCP endpoint name the scopes that
+    let a token call them (a refusal, 403, names the one missing)."""
+
+    RUNS_WRITE = "runs:write", "start, read and cancel runs (actions, agents, scripts)"
+    APPROVALS_WRITE = "approvals:write", "ask for approvals from an outside service, and read them"
+    INTERRUPTS_READ = "interrupts:read", "list the team's interrupts and read its runs"
+    # Never for a decision where separation of duties applies: a token is nobody in particular
+    # (actions.engine.policies.separation_of_duties refuses it whatever its scopes).
+    INTERRUPTS_DECIDE = "interrupts:decide", "approve and reject the team's interrupts"
+    HISTORY_READ = "history:read", "read the team's decided history"
+    WEBHOOKS_WRITE = "webhooks:write", "add, list and remove the team's webhooks"
+    MCP = "mcp", "call the team's actions as MCP tools"
+
+
 class ApiToken(models.Model):
-    """A bearer token for the HTTP API. It acts for one team; only its hash is stored."""
+    """A bearer token for the HTTP API and MCP. It acts for one team, within its scopes, until
+    it expires or is revoked; only its hash is stored."""
 
     team = models.ForeignKey(Team, models.CASCADE, related_name="tokens")
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=12, editable=False)
     key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    # Scope's values. The tokens made before scopes have every one: what they could do then.
+    scopes = models.JSONField(default=list)
     created_at = models.DateTimeField(default=timezone.now)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
+    )
+    expires_at = models.DateTimeField(null=True, blank=True)  # None: until revoked
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
@@ -135,11 +158,41 @@ class ApiToken(models.Model):
         return f"{self.name} ({self.prefix}…)"
 
     @classmethod
-    def issue(cls, team: Team, name: str) -> tuple[ApiToken, str]:
-        """Create a token and return it with its key, which is shown once and never stored."""
+    def issue(
+        cls,
+        team: Team,
+        name: str,
+        scopes: Collection[str] | None = None,
+        *,
+        expires_at: datetime | None = None,
+        created_by: Any = None,
+    ) -> tuple[ApiToken, str]:
+        """Create a token (with every scope unless ``scopes`` says which) and return it with its
+        key, which is shown once and never stored."""
+        chosen = (
+            list(Scope.values) if scopes is None else [scope for scope in Scope.values if scope in scopes]
+        )
+        if unknown := sorted(set(scopes or ()) - set(Scope.values)):
+            raise ValueError(f"not a scope: {', '.join(unknown)} (scopes: {', '.join(Scope.values)})")
         key = "gl_" + secrets.token_urlsafe(32)
-        token = cls.objects.create(team=team, name=name, prefix=key[:10], key_hash=hash_token(key))
+        token = cls.objects.create(
+            team=team,
+            name=name,
+            prefix=key[:10],
+            key_hash=hash_token(key),
+            scopes=chosen,
+            expires_at=expires_at,
+            created_by=created_by,
+        )
         return token, key
+
+    def allows(self, scopes: Collection[str]) -> bool:
+        """Whether the token has one of ``scopes``."""
+        return any(scope in self.scopes for scope in scopes)
+
+    @property
+    def expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()
 
     def note_use(self) -> None:
         """Note that the token was used now: written at most once a minute (a busy client must

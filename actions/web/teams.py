@@ -1,17 +1,21 @@
 """Your teams, and each team's page: its members and their roles, which its admins (and staff)
-change here (actions.engine.members)."""
+change here (actions.engine.members), and its API tokens, which they make and revoke here
+(actions.engine.tokens)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from actions import engine
-from actions.models import Membership, Role, Team
+from actions.models import ApiToken, Membership, Role, Scope, Team
 from actions.web.views import AuthenticatedRequest
 
 
@@ -30,14 +34,22 @@ def teams(request: AuthenticatedRequest) -> HttpResponse:
     return render(request, "actions/teams.html", {"memberships": mine})
 
 
-def _page(request: AuthenticatedRequest, team: Team, *, status: int = 200, error: str = "") -> HttpResponse:
+def _page(
+    request: AuthenticatedRequest, team: Team, *, status: int = 200, error: str = "", **extra: Any
+) -> HttpResponse:
     members = Membership.objects.filter(team=team).select_related("user").order_by("user__username")
+    may_manage = engine.members.may_manage(request.user, team)
     context = {
         "team": team,
         "members": members,
         "roles": Role.choices,
-        "may_manage": engine.members.may_manage(request.user, team),
+        "may_manage": may_manage,
         "error": error,
+        # The tokens are the admins' to see: their names and scopes say what the team automates.
+        "tokens": ApiToken.objects.filter(team=team).order_by("-created_at") if may_manage else [],
+        "scopes": Scope.choices,
+        "now": timezone.now(),
+        **extra,
     }
     return render(request, "actions/team.html", context, status=status)
 
@@ -68,6 +80,44 @@ def set_member(request: AuthenticatedRequest, slug: str) -> HttpResponse:
         return _page(request, team, status=403, error=str(exc))
     if change.changed:
         messages.success(request, f"{name} is {change.after} in {team}.")
+    return redirect("team", slug=team.slug)
+
+
+@login_required
+@require_POST
+def create_token(request: AuthenticatedRequest, slug: str) -> HttpResponse:
+    """A new token with the scopes ticked, lasting the days given (none: until revoked); its key
+    is on the page this answers with, once, never again."""
+    team = _team_for(request, slug)
+    days = request.POST.get("expires_in_days", "").strip()
+    try:
+        lasting = engine.tokens.lifetime(f"{days}d") if days else None
+        token, key = engine.tokens.issue(
+            team, request.POST.get("name", ""), request.POST.getlist("scopes"), lasting, request.user
+        )
+    except engine.InvalidInput as exc:
+        return _page(request, team, status=422, error=f"{str(exc)[:1].upper()}{str(exc)[1:]}.")
+    except engine.NotAllowed as exc:
+        return _page(request, team, status=403, error=str(exc))
+    # Not a redirect: the key is in this answer only (no-store), as nowhere else.
+    response = _page(request, team, new_token=token, new_key=key)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@login_required
+@require_POST
+def revoke_token(request: AuthenticatedRequest, slug: str, token_id: int) -> HttpResponse:
+    team = _team_for(request, slug)
+    token = ApiToken.objects.filter(team=team, pk=token_id).select_related("team").first()
+    if token is None:
+        raise Http404("No such token")
+    try:
+        revoked = engine.tokens.revoke(token, request.user)
+    except engine.NotAllowed as exc:
+        return _page(request, team, status=403, error=str(exc))
+    if revoked:
+        messages.success(request, f"Revoked {token}: it is refused from now on.")
     return redirect("team", slug=team.slug)
 
 

@@ -26,6 +26,8 @@ urlpatterns = [
     path("teams/<slug:slug>/", teams.team, name="team"),
     path("teams/<slug:slug>/members/", teams.set_member, name="team-member"),
     path("teams/<slug:slug>/members/<int:user_id>/remove/", teams.remove_member, name="team-member-remove"),
+    path("teams/<slug:slug>/tokens/", teams.create_token, name="team-token"),
+    path("teams/<slug:slug>/tokens/<int:token_id>/revoke/", teams.revoke_token, name="team-token-revoke"),
     path("settings/away/", grants.away, name="away"),
     path("settings/away/<int:pk>/back/", grants.back, name="away-back"),
     # A mail's personal decision link, and Slack's interactions (signed by Slack, not a session).

@@ -12,7 +12,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="command", required=True)
-        listing = sub.add_parser("list", help="every token: id, prefix, team, name, last used, revoked")
+        listing = sub.add_parser(
+            "list", help="every token: id, prefix, team, name, last used, expiry, revoked, scopes"
+        )
         listing.add_argument("--team", help="only this team's (slug)")
         revoke = sub.add_parser("revoke", help="refuse a token from now on")
         revoke.add_argument("token", help="the token's id or its prefix (gl_…)")
@@ -23,13 +25,16 @@ class Command(BaseCommand):
             if options.get("team"):
                 tokens = tokens.filter(team__slug=options["team"])
             self.stdout.write(
-                f"{'id':>5}  {'prefix':<11} {'team':<15} {'name':<20} {'last used':<20} revoked"
+                f"{'id':>5}  {'prefix':<11} {'team':<15} {'name':<20} {'last used':<17} {'expires':<17}"
+                f" {'revoked':<17} scopes"
             )
             for t in tokens:
                 used = f"{t.last_used_at:%Y-%m-%d %H:%M}" if t.last_used_at else "never"
+                expires = f"{t.expires_at:%Y-%m-%d %H:%M}" if t.expires_at else "-"
                 revoked = f"{t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "-"
                 self.stdout.write(
-                    f"{t.pk:>5}  {t.prefix:<11} {t.team.slug:<15} {t.name:<20} {used:<20} {revoked}"
+                    f"{t.pk:>5}  {t.prefix:<11} {t.team.slug:<15} {t.name:<20} {used:<17} {expires:<17}"
+                    f" {revoked:<17} {','.join(t.scopes)}"
                 )
             return
         ref = options["token"]

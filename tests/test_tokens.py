@@ -1,0 +1,226 @@
+"""API tokens with scopes and an expiry: every API operation and the MCP endpoint ask for a
+scope, a token without it is refused with 403 naming it and nothing happens; an expired token is
+refused as a revoked one is. Made and revoked by a team's admins on the Team page and by
+manage.py create_api_token; those made before scopes keep every one."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+from django.test import Client
+from django.utils import timezone
+
+from actions import engine
+from actions.api import api as ninja_api
+from actions.api.base import TokenAuth
+from actions.models import ApiToken, Interrupt, Membership, Role, Run, Scope, Team
+from tests.test_api import Api
+from tests.test_isolation_edges import in_one_loop, mcp_call
+
+pytestmark = [pytest.mark.django_db]
+
+
+def token(team: Team, *scopes: Scope, **kwargs: Any) -> str:
+    return ApiToken.issue(team, "scoped", [str(scope) for scope in scopes], **kwargs)[1]
+
+
+def test_every_api_operation_asks_for_a_scope() -> None:
+    operations = [
+        (path, operation)
+        for router in ninja_api._routers  # noqa: SLF001 - what the API serves, as ninja holds it
+        for path, view in router[1].path_operations.items()
+        for operation in view.operations
+    ]
+    assert len(operations) >= 19
+    for path, operation in operations:
+        (auth,) = operation.auth_callbacks
+        assert isinstance(auth, TokenAuth) and auth.scopes, path
+        assert set(auth.scopes) <= set(Scope.values), path
+
+
+@pytest.mark.usefixtures("database")
+def test_a_token_without_the_scope_is_refused_naming_it_and_nothing_happens(
+    client: Client, team: Team
+) -> None:
+    reader = Api(client, token(team, Scope.INTERRUPTS_READ))
+    refused = reader.post("/runs", {"action": "send_invoice", "input": {"invoice_id": "INV-1", "amount": 5}})
+    assert refused.status_code == 403
+    assert refused.json()["missing_scope"] == ["runs:write"]
+    assert "it needs the scope runs:write" in refused.json()["detail"]
+    assert not Run.objects.exists()
+
+    starter = Api(client, token(team, Scope.RUNS_WRITE))
+    run = starter.post(
+        "/runs", {"action": "send_invoice", "input": {"invoice_id": "INV-1", "amount": 5}}
+    ).json()
+    assert run["status"] == "interrupted"
+    assert starter.get(f"/runs/{run['id']}").status_code == 200  # who starts a run reads it
+    assert starter.get("/interrupts").json()["missing_scope"] == ["interrupts:read"]
+    assert (
+        reader.get("/interrupts").status_code == 200 and reader.get(f"/runs/{run['id']}").status_code == 200
+    )
+    resume = f"/interrupts/{run['interrupt']['id']}/resume"
+    for lacking in (starter, reader):
+        answer = lacking.post(resume, {"data": {"approved": True}})
+        assert answer.status_code == 403 and answer.json()["missing_scope"] == ["interrupts:decide"]
+    assert Interrupt.objects.get().status == Interrupt.Status.PENDING
+    assert reader.get("/history").json()["missing_scope"] == ["history:read"]
+    assert reader.get("/webhooks").json()["missing_scope"] == ["webhooks:write"]
+    assert reader.post("/approvals", {"message": "Ship it?"}).json()["missing_scope"] == ["approvals:write"]
+
+    decider = Api(client, token(team, Scope.INTERRUPTS_DECIDE))
+    assert decider.post(resume, {"data": {"approved": True}}).json()["status"] == "completed"
+
+
+@pytest.mark.usefixtures("database")
+def test_a_decide_scope_does_not_loosen_the_decision_contract(client: Client, team: Team) -> None:
+    # Assigned to people: a token decides nothing of it, whatever its scopes.
+    Membership.objects.create(team=team, user=User.objects.create_user("cfo"), role=Role.APPROVER)
+    from actions.drivers.approval import request_approval
+
+    asked = request_approval(team, None, message="Pay it?", assignees=["cfo"])
+    (interrupt,) = Interrupt.objects.filter(run=asked)
+    decider = Api(client, token(team, *Scope))
+    answer = decider.post(f"/interrupts/{interrupt.pk}/resume", {"data": {"approved": True}})
+    assert answer.status_code == 403 and "Only cfo may decide this" in answer.json()["detail"]
+    assert Interrupt.objects.get(pk=interrupt.pk).status == Interrupt.Status.PENDING
+
+
+@pytest.mark.usefixtures("database")
+def test_an_expired_token_is_refused_as_a_revoked_one_is(client: Client, team: Team) -> None:
+    lasting = Api(client, token(team, Scope.RUNS_WRITE, expires_at=timezone.now() + timedelta(hours=1)))
+    assert lasting.get("/actions").status_code == 200
+    expired = Api(client, token(team, Scope.RUNS_WRITE, expires_at=timezone.now() - timedelta(seconds=1)))
+    response = expired.get("/actions")
+    assert response.status_code == 401 and "expired" in response.json()["detail"]
+    assert engine.authenticate(expired.key) is None
+
+
+@pytest.fixture
+def mcp_keys(team: Team) -> dict[str, str]:
+    return {
+        "without": token(team, Scope.RUNS_WRITE, Scope.INTERRUPTS_DECIDE),
+        "expired": token(team, Scope.MCP, expires_at=timezone.now() - timedelta(minutes=1)),
+    }
+
+
+@pytest.mark.django_db(transaction=True)  # served by a server on another thread, with its own connection
+@in_one_loop
+async def test_mcp_asks_for_the_mcp_scope(mcp_keys: dict[str, str]) -> None:
+    response = await mcp_call(mcp_keys["without"], "no").get_response(timeout=10)
+    assert response["status"] == 403
+    assert json.loads(response["body"])["error"] == "insufficient_scope"
+    assert (b"www-authenticate", b'Bearer error="insufficient_scope", scope="mcp"') in response["headers"]
+    assert (await mcp_call(mcp_keys["expired"], "no").get_response(timeout=10))["status"] == 401
+    assert not await Run.objects.aexists()
+
+
+@pytest.mark.django_db(transaction=True)  # served by a server on another thread, with its own connection
+@in_one_loop
+async def test_mcp_serves_a_token_with_the_mcp_scope(team: Team, ran: list[str]) -> None:
+    from asgiref.sync import sync_to_async
+
+    key = await sync_to_async(token)(team, Scope.MCP)
+    response = await mcp_call(key, "with the scope").get_response(timeout=10)
+    assert response["status"] == 200 and ran == ["with the scope"]
+
+
+def test_create_api_token_takes_scopes_and_a_lifetime(team: Team, capsys: Any) -> None:
+    call_command(
+        "create_api_token",
+        "finance",
+        "--name",
+        "ci",
+        "--scope",
+        "runs:write,interrupts:read",
+        "--expires-in",
+        "90d",
+    )
+    out = capsys.readouterr()
+    made = ApiToken.objects.get(name="ci")
+    assert made.scopes == ["runs:write", "interrupts:read"]
+    assert made.expires_at is not None
+    assert abs((made.expires_at - timezone.now()) - timedelta(days=90)) < timedelta(minutes=1)
+    assert "scopes runs:write interrupts:read" in out.err and engine.authenticate(out.out.strip()) == made
+    call_command("create_api_token", "finance", "--name", "all")
+    assert ApiToken.objects.get(name="all").scopes == list(Scope.values) and capsys.readouterr()
+    with pytest.raises(CommandError, match="not a scope: runs:delete"):
+        call_command("create_api_token", "finance", "--scope", "runs:delete")
+    with pytest.raises(CommandError, match="'soon' is not a lifetime"):
+        call_command("create_api_token", "finance", "--expires-in", "soon")
+    with pytest.raises(CommandError, match="not a lifetime"):
+        call_command("create_api_token", "finance", "--expires-in", "9999d")
+    assert ApiToken.objects.count() == 2
+
+
+@pytest.mark.usefixtures("database")
+def test_team_admins_make_and_revoke_tokens_on_the_team_page(team: Team) -> None:
+    admin = User.objects.create_user("ada")
+    Membership.objects.create(team=team, user=admin, role=Role.ADMIN)
+    client = Client()
+    client.force_login(admin)
+    made = client.post(
+        "/teams/finance/tokens/",
+        {"name": "deploy bot", "scopes": ["runs:write", "history:read"], "expires_in_days": "30"},
+    )
+    assert made.status_code == 200 and made["Cache-Control"] == "no-store"
+    key = re.search(r'<code id="new-token-key">([^<]+)</code>', made.content.decode())
+    assert key, "the key is shown once"
+    (bot,) = ApiToken.objects.filter(name="deploy bot")
+    assert bot.scopes == ["runs:write", "history:read"] and bot.created_by == admin
+    assert engine.authenticate(key.group(1)) == bot
+    # Shown once: the page does not show it again.
+    assert key.group(1) not in client.get("/teams/finance/").content.decode()
+    for bad in (
+        {"name": "", "scopes": ["mcp"]},
+        {"name": "x", "scopes": []},
+        {"name": "x", "scopes": ["root"]},
+    ):
+        assert client.post("/teams/finance/tokens/", bad).status_code == 422, bad
+    assert (
+        client.post(
+            "/teams/finance/tokens/", {"name": "x", "scopes": ["mcp"], "expires_in_days": "0"}
+        ).status_code
+        == 422
+    )
+    assert ApiToken.objects.count() == 1
+    assert client.post(f"/teams/finance/tokens/{bot.pk}/revoke/").status_code == 302
+    assert engine.authenticate(key.group(1)) is None
+
+    # An approver neither sees the team's tokens nor makes one.
+    approver = User.objects.create_user("apu")
+    Membership.objects.create(team=team, user=approver, role=Role.APPROVER)
+    other = Client()
+    other.force_login(approver)
+    assert "deploy bot" not in other.get("/teams/finance/").content.decode()
+    refused = other.post("/teams/finance/tokens/", {"name": "mine", "scopes": ["mcp"]})
+    assert refused.status_code == 403 and "you need the admin role" in refused.content.decode()
+    assert ApiToken.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tokens_made_before_scopes_keep_every_scope() -> None:
+    executor = MigrationExecutor(connection)
+    before, after = [("actions", "0022_membership_roles")], [("actions", "0023_token_scopes_expiry")]
+    executor.migrate(before)
+    old = executor.loader.project_state(before).apps
+    old_team = old.get_model("actions", "Team").objects.create(name="Old", slug="old")
+    old.get_model("actions", "ApiToken").objects.create(
+        team=old_team, name="old", prefix="gl_x", key_hash="h"
+    )
+    try:
+        executor.loader.build_graph()
+        executor.migrate(after)
+        migrated = executor.loader.project_state(after).apps.get_model("actions", "ApiToken")
+        assert migrated.objects.get(name="old").scopes == list(Scope.values)
+    finally:
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes())
