@@ -44,6 +44,14 @@ def test_every_api_operation_asks_for_a_scope() -> None:
         (auth,) = operation.auth_callbacks
         assert isinstance(auth, TokenAuth) and auth.scopes, path
         assert set(auth.scopes) <= set(Scope.values), path
+    # And the OpenAPI document says so, for each operation, as clients read it.
+    documented = ninja_api.get_openapi_schema(path_prefix="/api/")["paths"]
+    said = [operation for operations in documented.values() for operation in operations.values()]
+    assert len(said) == len(operations)
+    for operation in said:
+        (security,) = operation["security"]
+        assert security["TokenAuth"] and "Token scope:" in operation["description"]
+        assert "403" in operation["responses"] or 403 in operation["responses"]
 
 
 @pytest.mark.usefixtures("database")

@@ -99,7 +99,11 @@ RATE_LIMITED = {
 }
 
 
-UNAUTHORIZED = {"description": "No API token, or not one of this site's (Authorization: Bearer ...)"}
+UNAUTHORIZED = {
+    "description": "No API token, or not one in force here: unknown, revoked or expired"
+    " (Authorization: Bearer ...)"
+}
+MISSING_SCOPE = {"description": "The token lacks the scope the operation needs: `missing_scope` names it"}
 DOES_NOT_FIT = {
     "description": "The request does not fit: a path id, a query parameter or the body (or an "
     "Idempotency-Key sent again with another request); `detail` names the field"
@@ -117,15 +121,33 @@ class Api(NinjaAPI):
         """As when the API was one module: clients generated from the document keep their names."""
         return f"actions_api_{operation.view_func.__name__}"
 
+    def scopes(self) -> dict[str, tuple[str, ...]]:
+        """Each operation's scopes (any one of them), by its OpenAPI operationId."""
+        return {
+            self.get_openapi_operation_id(operation): auth.scopes
+            for _prefix, router in self._routers
+            for view in router.path_operations.values()
+            for operation in view.operations
+            for auth in operation.auth_callbacks
+            if isinstance(auth, TokenAuth)
+        }
+
     def get_openapi_schema(self, *, path_prefix: str | None = None, path_params: Any = None) -> Any:
         """Ninja's document, with the headers every POST takes (and the waits of the reads)."""
         schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
         error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+        scopes = self.scopes()
         for path, operations in schema["paths"].items():
             for operation in operations.values():
                 _document(operation["responses"], 429, {**RATE_LIMITED, "content": error})
                 if operation.get("security"):
                     _document(operation["responses"], 401, {**UNAUTHORIZED, "content": error})
+                if needed := scopes.get(operation.get("operationId", "")):
+                    # OpenAPI 3.1: a scheme other than OAuth's may list the roles it requires.
+                    operation["security"] = [{"TokenAuth": list(needed)}]
+                    _document(operation["responses"], 403, {**MISSING_SCOPE, "content": error})
+                    said = f"Token scope: {' or '.join(f'`{scope}`' for scope in needed)}."
+                    operation["description"] = f"{operation.get('description', '')}\n\n{said}".strip()
                 # Any operation: a query parameter it does not take is refused (KnownQueryParameters).
                 _document(operation["responses"], 422, {**DOES_NOT_FIT, "content": error})
             if "post" in operations:
