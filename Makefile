@@ -7,7 +7,7 @@ PORT ?= 8000
 PYTEST_ARGS ?=
 CHECK_DB ?= /tmp/grundlag-check-$(shell id -u).sqlite3
 
-.PHONY: run dev test check lint docs format lock venv runtime node clean bench bench-check screenshots scaled
+.PHONY: run dev test check lint docs format lock upgrade _lock venv runtime node clean bench bench-check screenshots scaled
 
 # What the server needs (make run), then what the tests, linters and docs need on top.
 $(BIN)/.runtime: requirements.txt
@@ -81,12 +81,19 @@ format: venv
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# Re-pin requirements*.txt from requirements*.in in a scratch virtualenv.
-lock:
+# Pin requirements*.txt from requirements*.in in a scratch virtualenv: what is pinned already
+# stays as it is (a new dependency resolves within the pins); `make upgrade` re-resolves it all.
+lock: LOCK_PINS = -c /tmp/grundlag-lock-pins.txt
+lock: _lock
+upgrade: LOCK_PINS =
+upgrade: _lock
+
+_lock:
 	rm -rf /tmp/grundlag-lock && $(PYTHON) -m venv /tmp/grundlag-lock
-	/tmp/grundlag-lock/bin/pip install --quiet -r requirements.in
+	grep -hv '^-r' requirements.txt requirements-dev.txt > /tmp/grundlag-lock-pins.txt
+	/tmp/grundlag-lock/bin/pip install --quiet -r requirements.in $(LOCK_PINS)
 	/tmp/grundlag-lock/bin/pip freeze --exclude pip > requirements.txt
-	/tmp/grundlag-lock/bin/pip install --quiet -r requirements-dev.in
+	/tmp/grundlag-lock/bin/pip install --quiet -r requirements-dev.in $(LOCK_PINS)
 	(echo "-r requirements.txt"; /tmp/grundlag-lock/bin/pip freeze --exclude pip | grep -vxF -f requirements.txt) > requirements-dev.txt
 
 clean:

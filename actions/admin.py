@@ -37,6 +37,8 @@ from actions.models import (
     Role,
     Run,
     RunEvent,
+    SignInGroup,
+    SignInIdentity,
     Team,
     TeamChannels,
     TeamRule,
@@ -94,6 +96,25 @@ class TeamAdmin(GuardedAdmin):
     list_display = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
     inlines = [MembershipInline, TeamChannelsInline]
+
+
+@admin.register(SignInGroup)
+class SignInGroupAdmin(GuardedAdmin):
+    """Which of the identity provider's groups make their members members of which team, in
+    which role, at each sign-in (docs/how-to/sso.md). A team with any is managed by the provider."""
+
+    list_display = ["group", "team", "role"]
+    list_filter = ["team", "role"]
+    search_fields = ["group"]
+
+
+@admin.register(SignInIdentity)
+class SignInIdentityAdmin(GuardedAdmin):
+    """Who each single sign-on user is at the provider (written at their sign-ins)."""
+
+    list_display = ["user", "subject", "issuer", "last_signed_in_at"]
+    search_fields = ["user__username", "subject"]
+    readonly_fields = ["user", "issuer", "subject", "created_at", "last_signed_in_at"]
 
 
 @admin.register(Preferences)

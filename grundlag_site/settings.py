@@ -182,6 +182,8 @@ CONTENT_SECURITY_POLICY = {
 }
 
 AUTHENTICATION_BACKENDS = [
+    # Single sign-on's callback (it alone passes a nonce): the provider's, before any password.
+    "actions.web.sso.SignInBackend",
     # First: a client address or username that failed too often recently (spraying) waits.
     "actions.web.auth.SprayThrottleBackend",
     # Then: refuses a locked-out (username, address) pair before any password is checked.
@@ -573,6 +575,53 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "inbox"
 LOGOUT_REDIRECT_URL = "login"
+
+# Single sign-on (OpenID Connect, docs/how-to/sso.md): the identity provider's issuer URL, e.g.
+# https://login.example.com/realms/company. Its discovery document names everything else. Empty:
+# no single sign-on, passwords only.
+GRUNDLAG_OIDC_ISSUER = os.getenv("GRUNDLAG_OIDC_ISSUER", "").strip().rstrip("/")
+# The client id this site is registered with at the provider (with GRUNDLAG_OIDC_ISSUER).
+OIDC_RP_CLIENT_ID = os.getenv("GRUNDLAG_OIDC_CLIENT_ID", "").strip()
+# The client's secret at the provider (with GRUNDLAG_OIDC_ISSUER). Keep it out of the repository.
+OIDC_RP_CLIENT_SECRET = os.getenv("GRUNDLAG_OIDC_CLIENT_SECRET", "")
+if GRUNDLAG_OIDC_ISSUER and not (OIDC_RP_CLIENT_ID and OIDC_RP_CLIENT_SECRET):
+    raise ImproperlyConfigured(
+        "GRUNDLAG_OIDC_ISSUER needs GRUNDLAG_OIDC_CLIENT_ID and GRUNDLAG_OIDC_CLIENT_SECRET"
+    )
+_issuer = urlsplit(GRUNDLAG_OIDC_ISSUER)
+# Plain HTTP only to a provider on this machine (a test's): anywhere else the tokens could be read.
+if GRUNDLAG_OIDC_ISSUER and not (
+    _issuer.scheme == "https"
+    or (_issuer.scheme == "http" and _issuer.hostname in ("127.0.0.1", "localhost", "::1"))
+):
+    raise ImproperlyConfigured(f"GRUNDLAG_OIDC_ISSUER must be an https:// URL, got {GRUNDLAG_OIDC_ISSUER!r}")
+# The ID token's claim that lists the person's groups, which the admin's sign-in groups map to
+# teams and roles (Keycloak and Okta: groups; Entra ID: groups, of object ids, or roles).
+GRUNDLAG_OIDC_GROUPS_CLAIM = os.getenv("GRUNDLAG_OIDC_GROUPS_CLAIM", "groups").strip() or "groups"
+# The scopes asked of the provider (space-separated; openid is needed). Okta sends groups for a
+# "groups" scope: add it there.
+OIDC_RP_SCOPES = os.getenv("GRUNDLAG_OIDC_SCOPES", "openid email profile").strip()
+if GRUNDLAG_OIDC_ISSUER and "openid" not in OIDC_RP_SCOPES.split():
+    raise ImproperlyConfigured(f"GRUNDLAG_OIDC_SCOPES must include openid, got {OIDC_RP_SCOPES!r}")
+# The algorithm the provider signs ID tokens with (what its discovery lists; RS256 is everyone's).
+OIDC_RP_SIGN_ALGO = envchoice(
+    "GRUNDLAG_OIDC_SIGN_ALGO", "RS256", {"rs256", "rs384", "rs512", "es256", "es384"}
+).upper()
+# What the sign-in button says: "Sign in with ...".
+GRUNDLAG_OIDC_NAME = os.getenv("GRUNDLAG_OIDC_NAME", "your company account").strip() or "your company account"
+# Password sign-in on the sign-in page (and the admin's). Off ("false") with single sign-on: staff
+# still sign in, with a link made on the server (manage.py signin_link), when the provider is down.
+GRUNDLAG_PASSWORD_LOGIN = envbool("GRUNDLAG_PASSWORD_LOGIN", "true")
+if not GRUNDLAG_PASSWORD_LOGIN and not GRUNDLAG_OIDC_ISSUER:
+    raise ImproperlyConfigured("GRUNDLAG_PASSWORD_LOGIN=false needs single sign-on: set GRUNDLAG_OIDC_ISSUER")
+if GRUNDLAG_OIDC_ISSUER:
+    # Logging out goes on to the provider's end of the session: a form's redirect to its origin.
+    CONTENT_SECURITY_POLICY["DIRECTIVES"]["form-action"].append(f"{_issuer.scheme}://{_issuer.netloc}")
+# mozilla-django-oidc's own (actions.web.sso reads the endpoints from the discovery document).
+OIDC_USE_PKCE = True
+OIDC_STORE_ID_TOKEN = True  # for the provider's logout (id_token_hint)
+OIDC_TIMEOUT = 10
+OIDC_CREATE_USER = True
 
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"

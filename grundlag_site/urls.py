@@ -1,18 +1,23 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.contrib.auth import views as auth_views
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from actions.api import api
-from actions.web import health
-from actions.web.auth import LoginForm
+from actions.web import health, sso
 
 urlpatterns = [
     path("", include("actions.web.urls")),
     path("api/", api.urls),
-    path("login/", auth_views.LoginView.as_view(form_class=LoginForm), name="login"),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("login/", sso.Login.as_view(), name="login"),
+    path("login/link/<str:token>/", sso.link_sign_in, name="sign-in-link"),
+    path("logout/", sso.logout, name="logout"),
+    # Single sign-on: off to the identity provider, and back (actions.web.sso).
+    path("oidc/authenticate/", sso.SignIn.as_view(), name="oidc_authentication_init"),
+    path("oidc/callback/", sso.Callback.as_view(), name="oidc_authentication_callback"),
+    # The admin signs in where everyone does: one page, its throttling and single sign-on.
+    path("admin/login/", RedirectView.as_view(pattern_name="login", query_string=True)),
     path("admin/", admin.site.urls),
     path("healthz", health.healthz, name="healthz"),  # under ASGI, answered before Django
     path("readyz", health.readyz, name="readyz"),

@@ -73,14 +73,20 @@ def test_look_alike_usernames_share_one_counter(reviewer: User) -> None:
     assert login("reviewer1", "pw-reviewer1", forwarded="203.0.113.5").status_code == 429
 
 
-def test_admin_logins_are_throttled_too(db: Any) -> None:
+def test_the_admin_signs_in_on_the_sites_page_so_it_is_throttled_too(db: Any) -> None:
     User.objects.create_superuser("root", password="pw-root-1234")
+    to_admin = Client().get("/admin/")
+    assert to_admin.status_code == 302 and to_admin["Location"] == "/admin/login/?next=/admin/"
+    sent = Client().get(to_admin["Location"])
+    assert sent.status_code == 302 and sent["Location"] == "/login/?next=/admin/"
     for _ in range(3):
-        Client().post("/admin/login/", {"username": "root", "password": "x"}, REMOTE_ADDR="192.0.2.1")
+        Client().post("/login/", {"username": "root", "password": "x"}, REMOTE_ADDR="192.0.2.1")
     refused = Client().post(
-        "/admin/login/", {"username": "root", "password": "pw-root-1234"}, REMOTE_ADDR="192.0.2.1"
+        "/login/", {"username": "root", "password": "pw-root-1234"}, REMOTE_ADDR="192.0.2.1"
     )
     assert refused.status_code == 429
+    # Nor is there another way in: the admin's own form answers with the site's page.
+    assert Client().post("/admin/login/", {"username": "root", "password": "pw-root-1234"}).status_code == 302
 
 
 def test_one_address_spraying_many_usernames_is_slowed_down_briefly(

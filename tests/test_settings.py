@@ -23,6 +23,9 @@ def start_with(**env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+SSO_CLIENT = {"GRUNDLAG_OIDC_CLIENT_ID": "grundlag", "GRUNDLAG_OIDC_CLIENT_SECRET": "s3cret"}
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
@@ -36,6 +39,23 @@ def start_with(**env: str) -> subprocess.CompletedProcess[str]:
         ({"REDIS_URL": "localhost:6379"}, "REDIS_URL must be a redis:// URL"),
         ({"DATABASE_URL": "nosuchdb://x"}, "DATABASE_URL is not a valid database URL"),
         ({"GRUNDLAG_MODELS": "{not json"}, "GRUNDLAG_MODELS must be JSON"),
+        (
+            {"GRUNDLAG_OIDC_ISSUER": "https://idp.example.com"},
+            "GRUNDLAG_OIDC_ISSUER needs GRUNDLAG_OIDC_CLIENT_ID",
+        ),
+        (
+            {"GRUNDLAG_OIDC_ISSUER": "http://idp.example.com", **SSO_CLIENT},
+            "GRUNDLAG_OIDC_ISSUER must be an https:// URL",
+        ),
+        (
+            {
+                "GRUNDLAG_OIDC_ISSUER": "https://idp.example.com",
+                "GRUNDLAG_OIDC_SCOPES": "email",
+                **SSO_CLIENT,
+            },
+            "GRUNDLAG_OIDC_SCOPES must include openid",
+        ),
+        ({"GRUNDLAG_PASSWORD_LOGIN": "false"}, "GRUNDLAG_PASSWORD_LOGIN=false needs single sign-on"),
         (
             {"DATABASE_URL": "postgres://u:p@127.0.0.1:1/x", "DB_CONN_MAX_AGE": "60"},
             "with the connection pool (DB_POOL_SIZE) it must be 0",

@@ -5,11 +5,12 @@ manage.py create_api_token; those made before scopes keep every one."""
 
 from __future__ import annotations
 
-import json
+import asyncio
 import re
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
+import httpx
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
@@ -18,12 +19,11 @@ from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 from django.utils import timezone
 
-from actions import engine
+from actions import engine, mcp
 from actions.api import api as ninja_api
 from actions.api.base import TokenAuth
 from actions.models import ApiToken, Interrupt, Membership, Role, Run, Scope, Team
 from tests.test_api import Api
-from tests.test_isolation_edges import in_one_loop, mcp_call
 
 pytestmark = [pytest.mark.django_db]
 
@@ -112,33 +112,42 @@ def test_an_expired_token_is_refused_as_a_revoked_one_is(client: Client, team: T
     assert engine.authenticate(expired.key) is None
 
 
-@pytest.fixture
-def mcp_keys(team: Team) -> dict[str, str]:
-    return {
-        "without": token(team, Scope.RUNS_WRITE, Scope.INTERRUPTS_DECIDE),
-        "expired": token(team, Scope.MCP, expires_at=timezone.now() - timedelta(minutes=1)),
+def mcp_calls(*keys: str) -> list[httpx.Response]:
+    """A tools/call of the tests' `noted` action with each key, to an MCP endpoint of this
+    test's own (its session manager lives on this test's loop)."""
+    call = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "noted", "arguments": {"text": "hi"}},
+    }
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "MCP-Protocol-Version": "2025-11-25",
     }
 
+    async def calls() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=cast(Any, mcp.Endpoint(mcp.build_server())))
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            return [
+                await client.post("/mcp/", json=call, headers={**headers, "Authorization": f"Bearer {key}"})
+                for key in keys
+            ]
 
-@pytest.mark.django_db(transaction=True)  # served by a server on another thread, with its own connection
-@in_one_loop
-async def test_mcp_asks_for_the_mcp_scope(mcp_keys: dict[str, str]) -> None:
-    response = await mcp_call(mcp_keys["without"], "no").get_response(timeout=10)
-    assert response["status"] == 403
-    assert json.loads(response["body"])["error"] == "insufficient_scope"
-    assert (b"www-authenticate", b'Bearer error="insufficient_scope", scope="mcp"') in response["headers"]
-    assert (await mcp_call(mcp_keys["expired"], "no").get_response(timeout=10))["status"] == 401
-    assert not await Run.objects.aexists()
+    return asyncio.run(calls())
 
 
-@pytest.mark.django_db(transaction=True)  # served by a server on another thread, with its own connection
-@in_one_loop
-async def test_mcp_serves_a_token_with_the_mcp_scope(team: Team, ran: list[str]) -> None:
-    from asgiref.sync import sync_to_async
-
-    key = await sync_to_async(token)(team, Scope.MCP)
-    response = await mcp_call(key, "with the scope").get_response(timeout=10)
-    assert response["status"] == 200 and ran == ["with the scope"]
+@pytest.mark.django_db(transaction=True)  # served on other threads, with their own connections
+def test_mcp_asks_for_the_mcp_scope(team: Team, ran: list[str]) -> None:
+    without = token(team, Scope.RUNS_WRITE, Scope.INTERRUPTS_DECIDE)
+    expired = token(team, Scope.MCP, expires_at=timezone.now() - timedelta(minutes=1))
+    allowed = token(team, Scope.MCP)
+    refused, gone, served = mcp_calls(without, expired, allowed)
+    assert refused.status_code == 403 and refused.json()["error"] == "insufficient_scope"
+    assert refused.headers["WWW-Authenticate"] == 'Bearer error="insufficient_scope", scope="mcp"'
+    assert gone.status_code == 401
+    assert served.status_code == 200 and ran == ["hi"]
 
 
 def test_create_api_token_takes_scopes_and_a_lifetime(team: Team, capsys: Any) -> None:

@@ -10,6 +10,7 @@ at once (actions.live.push.on_role_changed)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,7 +66,22 @@ def remove(team: Team, user: Any, by: Any) -> MemberChange:
     return _change(team, user, None, by)
 
 
-def _change(team: Team, user: Any, role: str | None, by: Any) -> MemberChange:
+def from_groups(user: Any, roles: dict[int, str], managed: Collection[int]) -> list[MemberChange]:
+    """At sign-in with the identity provider: the user's memberships of the teams whose members
+    it manages (``managed``: those with a sign-in group) set to ``roles`` (team id -> role),
+    ended in those where it gives none; their other memberships left as they are. The provider
+    is the authority there, as the command line is: no team admin's rule binds it."""
+    changes = []
+    for team in Team.objects.filter(pk__in=managed).order_by("pk"):
+        change = _change(team, user, roles.get(team.pk), None, via="sign-in")
+        if change.changed:
+            changes.append(change)
+    return changes
+
+
+def _change(
+    team: Team, user: Any, role: str | None, by: Any, *, via: str = "the command line"
+) -> MemberChange:
     if not may_manage(by, team):
         raise NotAllowed(why_not_manage(by, team))
     if not user.is_active and role is not None:
@@ -102,6 +118,6 @@ def _change(team: Team, user: Any, role: str | None, by: Any) -> MemberChange:
         user.get_username(),
         before or "(none)",
         role or "(none)",
-        by.get_username() if by is not None else "the command line",
+        by.get_username() if by is not None else via,
     )
     return change

@@ -45,6 +45,7 @@ from actions.models.runs import (
     Run,
 )
 from actions.models.teams import (
+    ROLE_STRENGTH,
     Actor,
     ApiToken,
     IdempotencyKey,
@@ -52,6 +53,8 @@ from actions.models.teams import (
     Membership,
     Role,
     Scope,
+    SignInGroup,
+    SignInIdentity,
     Team,
     actor_name,
     actor_user,
@@ -61,8 +64,11 @@ from actions.models.teams import (
 __all__ = [
     "Actor",
     "Membership",
+    "ROLE_STRENGTH",
     "Role",
     "Scope",
+    "SignInGroup",
+    "SignInIdentity",
     "actor_name",
     "actor_user",
     "ApiToken",

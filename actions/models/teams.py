@@ -101,6 +101,48 @@ class Membership(models.Model):
         return set(cls.objects.filter(user_id=user_id, team_id__in=team_ids).values_list("role", flat=True))
 
 
+class SignInGroup(models.Model):
+    """A group of the identity provider's (its groups claim, GRUNDLAG_OIDC_GROUPS_CLAIM) that
+    makes its members members of a team in a role when they sign in with it. A team with any
+    such group has its members from the provider: at each sign-in a person's memberships of
+    those teams are set to what their groups say (the strongest role where several apply), and
+    ended where none does any more."""
+
+    group = models.CharField(max_length=255, help_text="The group as the provider names it in the claim")
+    team = models.ForeignKey(Team, models.CASCADE, related_name="sign_in_groups")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.APPROVER)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["group", "team"], name="sign_in_group_team")]
+        ordering = ["group", "team"]
+
+    def __str__(self) -> str:
+        return f"{self.group} -> {self.team}: {self.role}"
+
+
+class SignInIdentity(models.Model):
+    """Who a user is at the identity provider: its issuer and their subject (``sub``), the
+    one claim that never changes; a user is found by it at each sign-in, never by an email
+    address, which a person may change and another may then take."""
+
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, models.CASCADE, related_name="sign_in_identity")
+    created_at = models.DateTimeField(default=timezone.now)
+    last_signed_in_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["issuer", "subject"], name="sign_in_identity_subject")]
+
+    def __str__(self) -> str:
+        return f"{self.user} ({self.subject} at {self.issuer})"
+
+
+# The roles by what they let a member do, the strongest first: where a person's groups give
+# them several roles in one team, the first of these they have is theirs.
+ROLE_STRENGTH = (Role.ADMIN, Role.APPROVER, Role.VIEWER, Role.AUDITOR)
+
+
 class InboxStream(models.Model):
     """The sequence number of a team's inbox stream: one more for every change of the team's
     pending interrupts, counted in the transaction that makes the change. Pages follow it to

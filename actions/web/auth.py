@@ -105,6 +105,8 @@ def count_failure(
 ) -> None:
     if request is None or getattr(request, "grundlag_throttled", False):
         return  # a refused attempt checked no password: it is not another guess
+    if getattr(request, "grundlag_sign_in", False):
+        return  # the identity provider's sign-in refused (actions.web.sso): no password either
     for key, limit in _spray_keys(request, login_username(request, credentials)):
         cache.add(key, 0, settings.GRUNDLAG_LOGIN_WINDOW_SECONDS)
         try:

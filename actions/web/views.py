@@ -35,7 +35,12 @@ class AuthenticatedRequest(HttpRequest):
 
 
 def site_context(request: HttpRequest) -> dict[str, Any]:
-    return {"site_name": settings.SITE_NAME}
+    return {
+        "site_name": settings.SITE_NAME,
+        # What the sign-in page offers (actions.web.sso): the provider's button, passwords, both.
+        "sso_name": settings.GRUNDLAG_OIDC_NAME if settings.GRUNDLAG_OIDC_ISSUER else "",
+        "password_login": settings.GRUNDLAG_PASSWORD_LOGIN,
+    }
 
 
 def is_htmx(request: AuthenticatedRequest) -> bool:

@@ -265,3 +265,95 @@ def decide_when_asked(
     thread = threading.Thread(target=decide_next, daemon=True)
     thread.start()
     return thread
+
+
+@dataclass
+class OidcProvider:
+    """A real OpenID Connect provider (django-oauth-toolkit, tests/integration/oidc_provider),
+    served by Django's runserver on a port of its own; the site is registered as its client."""
+
+    directory: Path
+    port: int = field(default_factory=free_port)
+    client_id: str = "grundlag-site"
+    client_secret: str = "grundlag-site-secret-for-tests-0123456789"
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def issuer(self) -> str:
+        return f"http://127.0.0.1:{self.port}/o"
+
+    def env(self) -> dict[str, str]:
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "PYTEST", "GRUNDLAG_"))
+        }
+        env.update(
+            DJANGO_SETTINGS_MODULE="tests.integration.oidc_provider.settings",
+            OIDC_PROVIDER_DB=str(self.directory / "provider.sqlite3"),
+            OIDC_PROVIDER_KEY=str(self.directory / "provider-key.pem"),
+            OIDC_PROVIDER_ISSUER=self.issuer,
+            PYTHONUNBUFFERED="1",
+        )
+        return env
+
+    def django(self, *args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "django", *args], cwd=ROOT, env=self.env(), capture_output=True, text=True
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"provider: django {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+        return result.stdout
+
+    def start(self, site_url: str, *users: str) -> None:
+        """Its key, database, client and ``users`` (``name:group,group``), then the server."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        (self.directory / "provider-key.pem").write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+        self.site_url = site_url
+        self.django("migrate", "--noinput", "-v0")
+        self.set_users(*users)
+        log = open(self.directory / "provider.log", "ab")  # noqa: SIM115 - closed with the process
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "django", "runserver", f"127.0.0.1:{self.port}", "--noreload"],
+            cwd=ROOT,
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_for_port(self.port, self.proc)
+
+    def set_users(self, *users: str) -> None:
+        """Register the site, and make (or regroup) ``users``: ``name:group,group``."""
+        self.django(
+            "provider_setup",
+            "--client-id",
+            self.client_id,
+            "--client-secret",
+            self.client_secret,
+            "--site",
+            self.site_url,
+            *users,
+        )
+
+    def site_env(self, **more: str) -> dict[str, str]:
+        """What the site is configured with to sign in with this provider."""
+        return {
+            "GRUNDLAG_OIDC_ISSUER": self.issuer,
+            "GRUNDLAG_OIDC_CLIENT_ID": self.client_id,
+            "GRUNDLAG_OIDC_CLIENT_SECRET": self.client_secret,
+            "GRUNDLAG_OIDC_NAME": "Test IdP",
+            **more,
+        }
+
+    def logs(self) -> str:
+        path = self.directory / "provider.log"
+        return path.read_text()[-4000:] if path.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)

@@ -1,0 +1,9 @@
+from __future__ import annotations
+
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+
+urlpatterns = [
+    path("o/", include("oauth2_provider.urls", namespace="oauth2_provider")),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+]

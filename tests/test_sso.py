@@ -1,0 +1,82 @@
+"""Single sign-on's parts that need no provider (the sign-in itself is tested in Chromium
+against a real one: tests/integration/browser/test_sso.py): the groups a person has make their
+memberships of the teams the provider manages, the strongest role winning; password sign-in can
+be turned off; staff sign in once with a link made on the server."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
+from django.test import Client
+
+from actions import engine
+from actions.models import Membership, Role, SignInGroup, Team
+from actions.web import sso
+
+pytestmark = pytest.mark.django_db
+
+
+def test_groups_give_the_strongest_role_and_end_memberships_only_in_the_teams_the_provider_manages(
+    team: Team, other_team: Team
+) -> None:
+    elsewhere = Team.objects.create(name="Legal", slug="legal")  # no sign-in group: not the provider's
+    SignInGroup.objects.create(group="fin-view", team=team, role=Role.VIEWER)
+    SignInGroup.objects.create(group="fin-admin", team=team, role=Role.ADMIN)
+    SignInGroup.objects.create(group="payroll", team=other_team, role=Role.AUDITOR)
+    claims = {"sub": "1", "groups": ["fin-view", "fin-admin", "unknown"]}
+    roles, managed = sso._roles_of(claims)  # noqa: SLF001 - the mapping, apart from the sign-in
+    assert roles == {team.pk: Role.ADMIN} and managed == {team.pk, other_team.pk}
+
+    user = User.objects.create_user("alice")
+    Membership.objects.create(team=other_team, user=user, role=Role.APPROVER)
+    Membership.objects.create(team=elsewhere, user=user, role=Role.VIEWER)
+    engine.members.from_groups(user, roles, managed)
+    assert dict(Membership.objects.filter(user=user).values_list("team__slug", "role")) == {
+        "finance": Role.ADMIN,  # the strongest of her groups'
+        "legal": Role.VIEWER,  # not the provider's to change
+    }
+    assert sso._roles_of({"sub": "1", "groups": "payroll"})[0] == {other_team.pk: Role.AUDITOR}  # noqa: SLF001
+
+
+def test_usernames_come_from_the_claims_and_never_take_anothers(db: Any) -> None:
+    User.objects.create_user("alice")
+    assert sso._free_username({"preferred_username": "alice"}) == "alice-2"  # noqa: SLF001
+    assert sso._free_username({"email": "bob.b@example.com"}) == "bob.b"  # noqa: SLF001
+    assert sso._free_username({"preferred_username": "<script>"}) == "script"  # noqa: SLF001
+
+
+def test_with_password_sign_in_off_a_password_is_refused_whoever_sends_it(
+    reviewer: User, settings: Any
+) -> None:
+    settings.GRUNDLAG_PASSWORD_LOGIN = False
+    client = Client()
+    page = client.get("/login/").content.decode()
+    assert 'name="password"' not in page
+    refused = client.post("/login/", {"username": "reviewer1", "password": "pw-reviewer1"})
+    assert refused.status_code == 403 and "password sign-in is off here" in refused.content.decode()
+    assert "_auth_user_id" not in client.session
+
+
+def test_staff_sign_in_once_with_a_link_made_on_the_server(db: Any, capsys: Any) -> None:
+    staff = User.objects.create_user("root", is_staff=True)
+    User.objects.create_user("plain")
+    with pytest.raises(CommandError, match="not an active staff user"):
+        call_command("signin_link", "plain")
+    with pytest.raises(CommandError, match="no user named 'ghost'"):
+        call_command("signin_link", "ghost")
+    call_command("signin_link", "root")
+    path = re.search(r"(/login/link/[^/\s]+/)", capsys.readouterr().out)
+    assert path
+    client = Client()
+    assert "Sign in as root" in client.get(path.group(1)).content.decode()  # a GET signs nobody in
+    assert "_auth_user_id" not in client.session
+    assert client.post(path.group(1)).status_code == 302
+    assert client.session["_auth_user_id"] == str(staff.pk)
+    again = Client().post(path.group(1))
+    assert again.status_code == 403 and "has been used" in again.content.decode()
+    forged = Client().get(path.group(1)[:-3] + "x/")
+    assert forged.status_code == 403
