@@ -80,3 +80,29 @@ def test_staff_sign_in_once_with_a_link_made_on_the_server(db: Any, capsys: Any)
     assert again.status_code == 403 and "has been used" in again.content.decode()
     forged = Client().get(path.group(1)[:-3] + "x/")
     assert forged.status_code == 403
+
+
+def test_who_is_let_in_where_groups_are_mapped_and_where_none_is(team: Team, settings: Any) -> None:
+    from django.test import RequestFactory
+
+    settings.GRUNDLAG_OIDC_ISSUER = "https://idp.example.com"
+    backend = sso.SignInBackend()
+    backend.request = RequestFactory().get("/oidc/callback/")
+    # No sign-in group at all: the provider's people get in, in no team, for a Team page to add.
+    zed = backend.create_user({"sub": "z1", "preferred_username": "zed", "groups": ["anything"]})
+    assert zed.sign_in_identity.subject == "z1" and not Membership.objects.filter(user=zed).exists()
+    # Groups mapped: someone they put in no team is refused, and no user is made.
+    SignInGroup.objects.create(group="finance", team=team, role=Role.VIEWER)
+    with pytest.raises(sso.Refused, match="in no group that opens a team here"):
+        backend.create_user({"sub": "y1", "preferred_username": "yan", "groups": ["sales"]})
+    assert not User.objects.filter(username="yan").exists()
+    # Unless a team's admin put them in a team the provider does not manage.
+    with pytest.raises(sso.Refused):
+        backend.update_user(zed, {"sub": "z1", "groups": []})
+    Membership.objects.create(
+        team=Team.objects.create(name="Legal", slug="legal"), user=zed, role=Role.VIEWER
+    )
+    assert backend.update_user(zed, {"sub": "z1", "groups": []}) == zed
+    zed.is_active = False
+    with pytest.raises(sso.Refused, match="disabled"):
+        backend.update_user(zed, {"sub": "z1", "groups": ["finance"]})

@@ -10,8 +10,9 @@ What mozilla-django-oidc leaves to the site, done here:
 - **A person is found by who they are at the provider** (issuer and subject: SignInIdentity),
   never by an email address; they are made a user at their first sign-in.
 - **Their teams and roles follow their groups** (the GRUNDLAG_OIDC_GROUPS_CLAIM claim, mapped by
-  SignInGroup rows in the admin) at every sign-in; someone whose groups open no team is refused
-  (staff excepted).
+  SignInGroup rows in the admin) at every sign-in; where groups are mapped, someone they put in
+  no team (and no team's admin did) is refused, staff excepted. Without any mapping, people sign
+  in and teams' admins add them on the Team page.
 - **A refusal says why** on the sign-in page, and is not counted as a password guess.
 - **Logout** ends the session here, then at the provider when it supports RP-initiated logout
   (its discovery names an ``end_session_endpoint``).
@@ -46,7 +47,7 @@ from mozilla_django_oidc.utils import import_from_settings
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
 from actions import engine
-from actions.models import ROLE_STRENGTH, SignInGroup, SignInIdentity
+from actions.models import ROLE_STRENGTH, Membership, SignInGroup, SignInIdentity
 from actions.web.auth import LoginForm
 
 logger = logging.getLogger(__name__)
@@ -226,7 +227,7 @@ class SignInBackend(OIDCAuthenticationBackend):
 
     def create_user(self, claims: dict[str, Any]) -> Any:
         roles, managed = _roles_of(claims)
-        if not roles:
+        if not roles and managed:
             raise _refuse(self.request, _no_team(claims))
         with transaction.atomic():
             user = get_user_model().objects.create_user(
@@ -247,7 +248,8 @@ class SignInBackend(OIDCAuthenticationBackend):
         if not user.is_active:
             raise _refuse(self.request, "this account is disabled here")
         roles, managed = _roles_of(claims)
-        if not roles and not user.is_staff:
+        elsewhere = Membership.objects.filter(user=user).exclude(team_id__in=managed).exists()
+        if not roles and managed and not elsewhere and not user.is_staff:
             raise _refuse(self.request, _no_team(claims))
         _update_profile(user, claims)
         engine.members.from_groups(user, roles, managed)
