@@ -84,11 +84,21 @@ class TeamChannelsInline(admin.StackedInline[TeamChannels, Team]):
 
 
 class MembershipInline(admin.TabularInline[Membership, Team]):
-    """The team's members and their roles (also on the team's own page, for its admins)."""
+    """The team's members and their roles, to read: they are changed on the team's own page
+    (or by manage.py team_member), through the engine, which keeps a team's last admin and
+    leaves a team whose members come from the identity provider to it."""
 
     model = Membership
-    autocomplete_fields = ["user"]
+    fields = ("user", "role")
+    readonly_fields = ("user", "role")
     extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(Team)

@@ -20,7 +20,7 @@ class ActionsConfig(AppConfig):
         from actions.drivers.agent import AgentDriver
         from actions.drivers.approval import ApprovalDriver
         from actions.drivers.sandbox import SandboxDriver
-        from actions.engine import audit, driving, journal
+        from actions.engine import audit, driving, journal, members
         from actions.live import push as live
         from actions.live import waiting
         from actions.models import Membership, Run, Team
@@ -42,6 +42,8 @@ class ActionsConfig(AppConfig):
         signals.post_save.connect(live.on_role_changed, sender=Membership, dispatch_uid="live-role")
         signals.post_delete.connect(live.on_role_changed, sender=Membership, dispatch_uid="live-role-end")
         signals.post_save.connect(live.on_user_saved, sender=get_user_model(), dispatch_uid="live-user")
+        # ...and what they left behind ends (their absences, the grants they gave).
+        signals.post_save.connect(members.on_user_saved, sender=get_user_model(), dispatch_uid="user-left")
         user_logged_out.connect(live.on_logged_out, dispatch_uid="live-logout")
         # An API request waiting for a run (Prefer: wait) reads it again as soon as it changed.
         journal.run_changed.connect(waiting.on_run_changed, dispatch_uid="api-wait")

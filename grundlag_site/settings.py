@@ -609,6 +609,10 @@ OIDC_RP_SIGN_ALGO = envchoice(
 ).upper()
 # What the sign-in button says: "Sign in with ...".
 GRUNDLAG_OIDC_NAME = os.getenv("GRUNDLAG_OIDC_NAME", "your company account").strip() or "your company account"
+# With no sign-in group at all: whether anyone the provider signs in gets an account here (in no
+# team, for a team's admin to add). Off, a person must be in a mapped group: a provider that
+# accepts anyone (a public Google sign-in) lets nobody in by itself.
+GRUNDLAG_OIDC_OPEN_SIGN_UP = envbool("GRUNDLAG_OIDC_OPEN_SIGN_UP", "false")
 # Password sign-in on the sign-in page (and the admin's). Off ("false") with single sign-on: staff
 # still sign in, with a link made on the server (manage.py signin_link), when the provider is down.
 GRUNDLAG_PASSWORD_LOGIN = envbool("GRUNDLAG_PASSWORD_LOGIN", "true")
@@ -669,6 +673,8 @@ AXES_USERNAME_CALLABLE = "actions.web.auth.login_username"
 AXES_CLIENT_IP_CALLABLE = "actions.web.auth.client_ip"
 AXES_LOCKOUT_CALLABLE = "actions.web.auth.locked_out"
 AXES_VERBOSE = False
+# Not a password guess: the identity provider's sign-in, refused (actions.web.sso).
+AXES_WHITELIST_CALLABLE = "actions.web.auth.not_a_password"
 # Axes looks for its own middleware by name; the site runs a subclass of it, which runs in the
 # request's thread (actions.web.middleware.AxesMiddleware), last in MIDDLEWARE as Axes asks: the
 # site's own check (grundlag.E001) makes sure of that instead.

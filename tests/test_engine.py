@@ -317,21 +317,22 @@ def test_inline_steps_run_in_the_callers_process_and_claim_as_they_queue(
     # events in one statement.
     assert len(commits) == 4 + made_chain
     statements = [query["sql"] for query in queries if not query["sql"].startswith(("BEGIN", "COMMIT"))]
-    # One checks the reviewer's membership; the pause and the decision each number their
-    # change in the team's inbox stream; the metrics learn the team's name (once per team and
-    # process); PostgreSQL also locks the run for the decision. The requests waiting on the run
-    # in other processes hear of its changes from PostgreSQL itself (a trigger NOTIFYs them):
+    # Two check the reviewer's role (may they start a run, may they decide); the pause and the
+    # decision each number their change in the team's inbox stream; the metrics learn the
+    # team's name (once per team and process); PostgreSQL also locks the run for the decision.
+    # The requests waiting on the run in other processes hear of its changes from PostgreSQL
+    # itself (a trigger NOTIFYs them):
     # no statement of the engine's. Each transaction chains its events (the audit): one
     # statement reads the chain's head (locked) and its run's last hash (the insert moves the
     # head on). On PostgreSQL the journal of each transaction (its chained events and its
     # teams' stream numbers) is one call of a server function instead (migration 0021): 6 fewer
     # round trips a cycle. No page is connected, so no frame is rendered.
     if connection.vendor == "postgresql":
-        expected = 17 + 4 + 1 - 6
+        expected = 18 + 4 + 1 - 6
         journal_calls = [sql for sql in statements if "grundlag_append_journal(" in sql]
         assert len(journal_calls) == 4, "one call a transaction"
     else:
-        expected = 17 + 4
+        expected = 18 + 4
     assert len(statements) == expected, "\n".join(statements)
     assert not any("pg_notify" in sql for sql in statements)
     events = connection.ops.quote_name(RunEvent._meta.db_table)

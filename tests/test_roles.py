@@ -71,6 +71,8 @@ def test_a_viewer_sees_the_inbox_and_comments_but_cannot_decide_and_is_told_whic
     with pytest.raises(engine.NotAllowed, match="To cancel a run you need the approver role"):
         engine.cancel(it.run, viewer)
     assert client.post(f"/interrupts/{it.pk}/comments/", {"body": "why so much?"}).status_code == 302
+    with pytest.raises(engine.NotAllowed, match="To start a run you need the approver role"):
+        start(team, 6, viewer)
     # An approver of the same team decides it.
     engine.resume(it, {"approved": True}, in_role(team, "apu", Role.APPROVER))
     assert Interrupt.objects.get(pk=it.pk).status == Interrupt.Status.APPROVED
@@ -200,3 +202,47 @@ def test_manage_py_team_member_sets_changes_and_removes_roles(team: Team, capsys
         call_command("team_member", "finance", "nobody", "--role", "viewer")
     with pytest.raises(CommandError, match="no team with slug 'nope'"):
         call_command("team_member", "nope", "robo", "--role", "viewer")
+
+
+def test_only_those_who_decide_revoke_a_grant(team: Team) -> None:
+    giver = in_role(team, "gina", Role.APPROVER)
+    requester = in_role(team, "rex", Role.APPROVER)
+    first = start(team, 8, requester)
+    engine.approve(first, {"approved": True}, giver, grant=engine.GrantAsked("hour"))
+    (grant,) = Grant.objects.filter(granted_by=giver)
+    for role in (Role.VIEWER, Role.AUDITOR):
+        reader = in_role(team, f"r-{role}", role)
+        with pytest.raises(engine.NotAllowed, match="To revoke a grant you need the approver role"):
+            engine.revoke_grant(grant, reader)
+        page = logged_in(reader).post(f"/grants/{grant.pk}/revoke/", follow=True).content.decode()
+        assert "you need the approver role" in page
+    grant.refresh_from_db()
+    assert grant.revoked_at is None
+    assert engine.revoke_grant(grant, in_role(team, "apu", Role.APPROVER))
+
+
+def test_roles_follow_an_escalation_to_the_team_it_went_to(team: Team, other_team: Team) -> None:
+    # A viewer of the first team who approves in the team it escalated to decides it there; a
+    # viewer of that team does not.
+    both = in_role(team, "bo", Role.VIEWER)
+    Membership.objects.create(team=other_team, user=both, role=Role.APPROVER)
+    looker = in_role(other_team, "lou", Role.VIEWER)
+    it = start(team, 9)
+    Interrupt.objects.filter(pk=it.pk).update(escalate_to=other_team, escalated_at=timezone.now())
+    it.refresh_from_db()
+    assert engine.may_decide(both, it) and not engine.may_decide(looker, it)
+    assert "yours is viewer" in engine.why_not(looker, it)
+
+
+def test_a_team_whose_members_come_from_the_provider_is_not_changed_by_hand(team: Team) -> None:
+    from actions.models import SignInGroup
+
+    admin = in_role(team, "ada", Role.ADMIN)
+    SignInGroup.objects.create(group="finance", team=team, role=Role.APPROVER)
+    User.objects.create_user("nico")
+    refused = logged_in(admin).post("/teams/finance/members/", {"username": "nico", "role": "viewer"})
+    assert refused.status_code == 403 and "come from the identity provider" in refused.content.decode()
+    with pytest.raises(engine.NotAllowed, match="come from the identity provider"):
+        engine.members.set_role(team, User.objects.get(username="nico"), Role.VIEWER, admin)
+    call_command("team_member", "finance", "nico", "--role", "viewer")  # automation may
+    assert Membership.objects.get(team=team, user__username="nico").role == Role.VIEWER

@@ -47,6 +47,7 @@ def test_usernames_come_from_the_claims_and_never_take_anothers(db: Any) -> None
     assert sso._free_username({"preferred_username": "alice"}) == "alice-2"  # noqa: SLF001
     assert sso._free_username({"email": "bob.b@example.com"}) == "bob.b"  # noqa: SLF001
     assert sso._free_username({"preferred_username": "<script>"}) == "script"  # noqa: SLF001
+    assert sso._free_username({"preferred_username": "\u0430lice"}) == "lice"  # noqa: SLF001 - no look-alike
 
 
 def test_with_password_sign_in_off_a_password_is_refused_whoever_sends_it(
@@ -88,7 +89,11 @@ def test_who_is_let_in_where_groups_are_mapped_and_where_none_is(team: Team, set
     settings.GRUNDLAG_OIDC_ISSUER = "https://idp.example.com"
     backend = sso.SignInBackend()
     backend.request = RequestFactory().get("/oidc/callback/")
-    # No sign-in group at all: the provider's people get in, in no team, for a Team page to add.
+    # No sign-in group at all: nobody gets in by the provider alone (it may accept anyone)...
+    with pytest.raises(sso.Refused, match="in no group that opens a team here"):
+        backend.create_user({"sub": "z1", "preferred_username": "zed", "groups": ["anything"]})
+    # ...unless the site opens its sign-up: then in no team, for a Team page to add them.
+    settings.GRUNDLAG_OIDC_OPEN_SIGN_UP = True
     zed = backend.create_user({"sub": "z1", "preferred_username": "zed", "groups": ["anything"]})
     assert zed.sign_in_identity.subject == "z1" and not Membership.objects.filter(user=zed).exists()
     # Groups mapped: someone they put in no team is refused, and no user is made.
@@ -99,10 +104,53 @@ def test_who_is_let_in_where_groups_are_mapped_and_where_none_is(team: Team, set
     # Unless a team's admin put them in a team the provider does not manage.
     with pytest.raises(sso.Refused):
         backend.update_user(zed, {"sub": "z1", "groups": []})
-    Membership.objects.create(
-        team=Team.objects.create(name="Legal", slug="legal"), user=zed, role=Role.VIEWER
-    )
+    legal = Team.objects.create(name="Legal", slug="legal")
+    Membership.objects.create(team=legal, user=zed, role=Role.VIEWER)
     assert backend.update_user(zed, {"sub": "z1", "groups": []}) == zed
+    # Refused or not, they leave the teams their groups no longer open (mail links need no session).
+    backend.update_user(zed, {"sub": "z1", "groups": ["finance"]})
+    assert Membership.has(zed.pk, [team.pk], Role.READ)
+    Membership.objects.filter(user=zed, team=legal).delete()
+    with pytest.raises(sso.Refused):
+        backend.update_user(zed, {"sub": "z1", "groups": []})
+    assert not Membership.objects.filter(user=zed).exists()
     zed.is_active = False
     with pytest.raises(sso.Refused, match="disabled"):
         backend.update_user(zed, {"sub": "z1", "groups": ["finance"]})
+    # An email the provider says is not verified is not taken (mail and Slack find people by it).
+    assert sso._email({"email": "ceo@example.com", "email_verified": False}) == ""  # noqa: SLF001
+
+
+def test_a_disabled_account_is_signed_out_and_its_absences_and_grants_end(team: Team) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from actions.models import Delegation, Grant, Run
+
+    gina = User.objects.create_user("gina")
+    Membership.objects.create(team=team, user=gina, role=Role.APPROVER)
+    cover = User.objects.create_user("cover")
+    Membership.objects.create(team=team, user=cover, role=Role.APPROVER)
+    requester = User.objects.create_user("rex")
+    Membership.objects.create(team=team, user=requester, role=Role.APPROVER)
+    run = engine.start_run(
+        "send_invoice", {"invoice_id": "INV-9", "amount": 5}, team, requester, Run.Consumer.API
+    )
+    engine.approve(run.interrupts.get(), {"approved": True}, gina, grant=engine.GrantAsked("hour"))
+    away = engine.set_away(gina, cover, timezone.now(), timezone.now() + timedelta(days=3))
+    client = Client()
+    client.force_login(gina, backend="actions.web.sso.SignInBackend")  # signed in with the provider
+    assert client.get("/").status_code == 200
+
+    gina.is_active = False
+    gina.save()  # the admin's "active" box, or the directory's provisioning
+
+    assert client.get("/").status_code == 302  # signed out at the next request
+    assert Delegation.objects.get(pk=away.pk).ends_at <= timezone.now()
+    (grant,) = Grant.objects.filter(granted_by=gina)
+    assert grant.revoked_at is not None and grant.revoked_by_name == "account disabled"
+    again = engine.start_run(
+        "send_invoice", {"invoice_id": "INV-9", "amount": 5}, team, requester, Run.Consumer.API
+    )
+    assert again.interrupts.get().status == "pending"  # the grant approves nothing more

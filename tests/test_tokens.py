@@ -49,8 +49,8 @@ def test_every_api_operation_asks_for_a_scope() -> None:
     said = [operation for operations in documented.values() for operation in operations.values()]
     assert len(said) == len(operations)
     for operation in said:
-        (security,) = operation["security"]
-        assert security["TokenAuth"] and "Token scope:" in operation["description"]
+        assert operation["security"] and all(len(each["TokenAuth"]) == 1 for each in operation["security"])
+        assert "Token scope:" in operation["description"]
         assert "403" in operation["responses"] or 403 in operation["responses"]
 
 
@@ -100,6 +100,22 @@ def test_a_decide_scope_does_not_loosen_the_decision_contract(client: Client, te
     answer = decider.post(f"/interrupts/{interrupt.pk}/resume", {"data": {"approved": True}})
     assert answer.status_code == 403 and "Only cfo may decide this" in answer.json()["detail"]
     assert Interrupt.objects.get(pk=interrupt.pk).status == Interrupt.Status.PENDING
+
+
+@pytest.mark.usefixtures("database")
+def test_cancelling_another_callers_run_is_a_decision_and_needs_the_decide_scope(
+    client: Client, team: Team
+) -> None:
+    invoice = {"action": "send_invoice", "input": {"invoice_id": "INV-2", "amount": 5}}
+    starter = Api(client, token(team, Scope.RUNS_WRITE))
+    other = Api(client, token(team, Scope.RUNS_WRITE))
+    theirs = starter.post("/runs", invoice).json()
+    refused = other.post(f"/runs/{theirs['id']}/cancel", {})
+    assert refused.status_code == 403 and "needs the scope interrupts:decide" in refused.json()["detail"]
+    assert starter.post(f"/runs/{theirs['id']}/cancel", {}).json()["status"] == "cancelled"  # withdrawn
+    second = starter.post("/runs", invoice).json()
+    decider = Api(client, token(team, Scope.RUNS_WRITE, Scope.INTERRUPTS_DECIDE))
+    assert decider.post(f"/runs/{second['id']}/cancel", {}).json()["status"] == "cancelled"
 
 
 @pytest.mark.usefixtures("database")

@@ -143,8 +143,9 @@ class Api(NinjaAPI):
                 if operation.get("security"):
                     _document(operation["responses"], 401, {**UNAUTHORIZED, "content": error})
                 if needed := scopes.get(operation.get("operationId", "")):
-                    # OpenAPI 3.1: a scheme other than OAuth's may list the roles it requires.
-                    operation["security"] = [{"TokenAuth": list(needed)}]
+                    # OpenAPI 3.1: a scheme other than OAuth's may list the roles it requires;
+                    # a requirement each: any one of them will do.
+                    operation["security"] = [{"TokenAuth": [scope]} for scope in needed]
                     _document(operation["responses"], 403, {**MISSING_SCOPE, "content": error})
                     said = f"Token scope: {' or '.join(f'`{scope}`' for scope in needed)}."
                     operation["description"] = f"{operation.get('description', '')}\n\n{said}".strip()

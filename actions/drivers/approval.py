@@ -19,7 +19,7 @@ from actions.engine.driving import Answers, Driver, Pause, StepResult, call_bind
 from actions.engine.errors import MAX_ERROR_CHARS, InvalidInput
 from actions.engine.policies import effective_policy
 from actions.engine.schemas import check_answer_schema, field_error, schema_errors
-from actions.models import Membership, Role, Run, Team
+from actions.models import Membership, Run, Team
 
 APPROVAL_ACTION = "approval"
 # A question is short: a page's heading, a mail's subject, a Slack message's first line.
@@ -69,11 +69,7 @@ def request_approval(
             )
     names = list(dict.fromkeys(name.strip() for name in assignees or [] if name.strip()))
     if names:
-        members = set(
-            Membership.objects.filter(team=team, role__in=Role.DECIDE, user__username__in=names).values_list(
-                "user__username", flat=True
-            )
-        )
+        members = Membership.who_decide(team, names)
         if missing := [name for name in names if name not in members]:
             raise InvalidInput(
                 f"assignees must be members of {team} who decide (approvers or admins):"

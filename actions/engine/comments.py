@@ -13,7 +13,7 @@ from django.db import transaction
 from actions.engine.errors import InvalidInput, NotAllowed
 from actions.engine.journal import atomic, discussed, log
 from actions.engine.policies import role_refusal
-from actions.models import Comment, Interrupt, Role, RunEvent, Team
+from actions.models import Comment, Interrupt, Membership, Role, RunEvent
 
 MENTION = re.compile(r"(?<![\w@.])@([\w.+-]+)")
 # More people than this in one comment is a broadcast, not a mention.
@@ -24,7 +24,7 @@ def may_comment(user: AbstractBaseUser | AnonymousUser, interrupt: Interrupt) ->
     """Members of its teams (the team it escalated to too) who work its inbox (viewers,
     approvers, admins: not its auditors, who only read), whoever may decide it."""
     pk = getattr(user, "pk", None)
-    return pk is not None and Team.where(pk, Role.WORK).filter(pk__in=interrupt.team_ids).exists()
+    return pk is not None and Membership.has(pk, interrupt.team_ids, Role.WORK)
 
 
 def mentioned(body: str, interrupt: Interrupt, author_pk: int) -> list[str]:

@@ -116,7 +116,7 @@ def _set_away(user: Any, delegate: Any, starts_at: datetime, ends_at: datetime) 
             it = Interrupt.objects.get(pk=interrupt_id)
             if not it.is_pending or name not in (it.assignees or []) or to in it.assignees:
                 continue
-            if not Team.where(delegate, Role.DECIDE).filter(pk__in=it.team_ids).exists():
+            if not Membership.has(delegate.pk, it.team_ids, Role.DECIDE):
                 continue
             if (
                 not it.requester_may_approve

@@ -19,8 +19,8 @@ from actions.core import (
     registry,
 )
 from actions.engine import rules
-from actions.engine.errors import InvalidInput
-from actions.engine.policies import may_decide, separation_of_duties
+from actions.engine.errors import InvalidInput, NotAllowed
+from actions.engine.policies import may_decide, role_refusal, separation_of_duties
 from actions.engine.rules import (
     Routed,
     arguments_key,
@@ -31,7 +31,7 @@ from actions.engine.rules import (
     team_set,
 )
 from actions.engine.schemas import schema_errors
-from actions.models import Grant, Interrupt, Run
+from actions.models import Grant, Interrupt, Membership, Role, Run
 
 
 def grant_for(run: Run, interrupt: Interrupt, routed: Routed, policy: ApprovalPolicy) -> Grant | None:
@@ -147,7 +147,15 @@ def give_grant(
 
 def revoke_grant(grant: Grant, by: Any) -> bool:
     """Revoke at once (a use is conditional on the row: no process applies it after this
-    commits, whatever it has cached); False when it was revoked already."""
+    commits, whatever it has cached); False when it was revoked already. A person revokes one
+    of a team where they decide (or as staff): stopping a grant is never risky, but it is a
+    decider's call, not a viewer's or an auditor's. The engine's own (``by`` no user) may."""
+    person = getattr(by, "is_authenticated", False) and not by.is_staff
+    if person and not Membership.has(by.pk, [grant.team_id], Role.DECIDE):
+        raise NotAllowed(
+            role_refusal(by, [grant.team_id], Role.DECIDE, "revoke a grant")
+            or "Only the team's approvers and admins can revoke its grants."
+        )
     with transaction.atomic():
         done = Grant.objects.filter(pk=grant.pk, revoked_at=None).update(
             revoked_at=timezone.now(), revoked_by_name=by.get_username()

@@ -14,10 +14,15 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.models import Q
+from django.utils import timezone
+
+from actions.engine.delegation import end_away
 from actions.engine.errors import InvalidInput, NotAllowed
+from actions.engine.grants import revoke_grant
 from actions.engine.journal import atomic
 from actions.engine.policies import role_refusal
-from actions.models import Membership, Role, Team
+from actions.models import Delegation, Grant, Membership, Role, SignInGroup, Team
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +41,57 @@ class MemberChange:
         return self.before != self.after
 
 
+@dataclass(frozen=True)
+class Left:
+    """What ended with a person's account: their absences (and those they covered), and the
+    standing grants they gave."""
+
+    delegations_ended: int
+    grants_revoked: int
+
+
+class _Named:
+    """Who ended it, as the event log and the grant say (not a user of the site's)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def get_username(self) -> str:
+        return self.name
+
+
+def left(user: Any, *, via: str) -> Left:
+    """A person's account was disabled (by the identity provider's provisioning, or an admin):
+    their time away and the absences they cover end, and the grants they gave approve nothing
+    more. (They sign in no more, and their open sessions end at their next request: every
+    authentication backend refuses an inactive user; their open pages close,
+    actions.live.push.on_user_saved.) Nothing happens twice: each is conditional."""
+    now = timezone.now()
+    away = Delegation.objects.filter(Q(user=user) | Q(delegate=user), ends_at__gt=now)
+    ended = 0
+    for delegation in away:
+        end_away(delegation)
+        ended += 1
+    revoked = sum(
+        revoke_grant(grant, _Named(via))
+        for grant in Grant.objects.filter(granted_by=user, revoked_at=None).filter(
+            Q(expires_at=None) | Q(expires_at__gt=now)
+        )
+    )
+    if ended or revoked:
+        logger.info(
+            "%s left (%s): %d absences ended, %d grants revoked", user.get_username(), via, ended, revoked
+        )
+    return Left(ended, revoked)
+
+
+def on_user_saved(sender: Any, *, instance: Any, created: bool, **kwargs: Any) -> None:
+    """A user saved inactive (the admin's "active" box, the directory's provisioning): what
+    they left behind ends with them."""
+    if not created and not instance.is_active:
+        left(instance, via="account disabled")
+
+
 def may_manage(by: Any, team: Team) -> bool:
     """The team's admins, and staff; None is the command line (whoever runs manage.py)."""
     if by is None:
@@ -45,10 +101,15 @@ def may_manage(by: Any, team: Team) -> bool:
     return bool(by.is_staff) or Team.where(by.pk, Role.MANAGE).filter(pk=team.pk).exists()
 
 
-def why_not_manage(by: Any, team: Team) -> str:
-    return role_refusal(by, [team.pk], Role.MANAGE, "change the team's members") or (
-        f"Only the admins of {team} can change its members."
-    )
+def why_not_manage(by: Any, team: Team, what: str = "change the team's members") -> str:
+    return role_refusal(by, [team.pk], Role.MANAGE, what) or f"Only the admins of {team} can {what}."
+
+
+def from_provider(team: Team) -> bool:
+    """Whether the team's members come from the identity provider's groups (it has a sign-in
+    group): then they are changed there, not here (a change here would be undone at the
+    person's next sign-in)."""
+    return SignInGroup.objects.filter(team=team).exists()
 
 
 def set_role(team: Team, user: Any, role: str, by: Any) -> MemberChange:
@@ -82,8 +143,11 @@ def from_groups(user: Any, roles: dict[int, str], managed: Collection[int]) -> l
 def _change(
     team: Team, user: Any, role: str | None, by: Any, *, via: str = "the command line"
 ) -> MemberChange:
-    if not may_manage(by, team):
-        raise NotAllowed(why_not_manage(by, team))
+    if by is not None and from_provider(team):
+        raise NotAllowed(
+            f"The members of {team} come from the identity provider's groups (Sign-in groups in"
+            " the admin): change them there."
+        )
     if not user.is_active and role is not None:
         raise InvalidInput(
             f"{user.get_username()}'s account is disabled",
@@ -93,6 +157,9 @@ def _change(
         # The team's row locked (on SQLite the write lock is the database's): two admins
         # demoting each other at once must not leave the team without one.
         Team.objects.select_for_update().filter(pk=team.pk).exists()
+        # Asked under the lock: an admin demoted meanwhile changes nothing more.
+        if not may_manage(by, team):
+            raise NotAllowed(why_not_manage(by, team))
         current = Membership.objects.filter(team=team, user=user).first()
         before = current.role if current is not None else None
         if before == role:

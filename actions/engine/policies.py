@@ -11,7 +11,7 @@ from typing import Any
 
 from actions.core import ApprovalPolicy, registry
 from actions.engine import store
-from actions.models import Actor, ApiToken, Interrupt, Membership, Policy, Role, Run, Team
+from actions.models import Actor, ApiToken, Interrupt, Membership, Policy, Role, Run, Scope, Team
 
 # Who decided an interrupt whose deadline passed (its decided_by_name; the audit says "deadline").
 DEADLINE_POLICY = "deadline policy"
@@ -124,12 +124,12 @@ def may_decide(by: Actor, interrupt: Interrupt) -> bool:
         return True  # the engine itself: a deadline policy
     if isinstance(by, ApiToken):
         return (
-            by.team_id in interrupt.team_ids and not interrupt.assignees and interrupt.approvals_required == 1
+            by.allows([Scope.INTERRUPTS_DECIDE])
+            and by.team_id in interrupt.team_ids
+            and not interrupt.assignees
+            and interrupt.approvals_required == 1
         )
-    if (
-        not by.is_authenticated
-        or not Team.where(by.pk, Role.DECIDE).filter(pk__in=interrupt.team_ids).exists()
-    ):
+    if not by.is_authenticated or not Membership.has(by.pk, interrupt.team_ids, Role.DECIDE):
         return False  # a member whose role does not decide (a viewer, an auditor) neither
     return not interrupt.assignees or by.get_username() in interrupt.assignees
 
@@ -161,12 +161,14 @@ def separation_of_duties(by: Actor, interrupt: Interrupt) -> str:
 
 def why_not(by: Actor, interrupt: Interrupt) -> str:
     """Why ``by`` may not decide ``interrupt`` (when may_decide says so)."""
+    if isinstance(by, ApiToken) and not by.allows([Scope.INTERRUPTS_DECIDE]):
+        return "This token may not decide: it needs the scope interrupts:decide."
+    if refused := role_refusal(by, interrupt.team_ids, Role.DECIDE, "decide this"):
+        return refused  # before the assignees: an assignee made viewer is told why
     if interrupt.assignees:
         return f"Only {', '.join(interrupt.assignees)} may decide this."
     if isinstance(by, ApiToken) and interrupt.approvals_required > 1:
         return f"This needs {interrupt.approvals_required} people to approve; an API token is not a person."
-    if refused := role_refusal(by, interrupt.team_ids, Role.DECIDE, "decide this"):
-        return refused
     return f"Only members of {interrupt.team} can decide this."
 
 
@@ -184,6 +186,19 @@ def role_refusal(by: Actor, team_ids: Collection[int], roles: Collection[str], w
     )
 
 
+def why_not_start(by: Actor, team: Team) -> str:
+    """Why a person may not start a run in ``team``, or "": its approvers and admins may (and
+    staff); a token, within its scopes, and the engine itself, always."""
+    if by is None or isinstance(by, ApiToken) or not by.is_authenticated or getattr(by, "is_staff", False):
+        return ""
+    if Membership.has(by.pk, [team.pk], Role.DECIDE):
+        return ""
+    return (
+        role_refusal(by, [team.pk], Role.DECIDE, "start a run")
+        or f"Only members of {team} can start its runs."
+    )
+
+
 def why_not_cancel(by: Actor, run: Run) -> str:
     """Why ``by`` may not cancel ``run``, or "". Cancelling ends every approval the run waits
     for, so it is a decision too: whoever started the run may withdraw it; anyone else must be
@@ -195,7 +210,7 @@ def why_not_cancel(by: Actor, run: Run) -> str:
     if isinstance(by, ApiToken):
         member, started = by.team_id == run.team_id, run.started_by_token_id == by.pk
     else:
-        member = by.is_authenticated and Team.where(by.pk, Role.DECIDE).filter(pk=run.team_id).exists()
+        member = by.is_authenticated and Membership.has(by.pk, [run.team_id], Role.DECIDE)
         started = run.started_by_id is not None and run.started_by_id == by.pk
     if not member:
         return role_refusal(by, [run.team_id], Role.DECIDE, "cancel a run") or (

@@ -37,6 +37,7 @@ from actions.engine.errors import (
     DRIVER_STATE_LIMIT_FACTOR,
     MAX_ERROR_CHARS,
     InvalidInput,
+    NotAllowed,
     check_size,
     retry_on_conflict,
     safe_text,
@@ -51,7 +52,7 @@ from actions.engine.journal import (
     report_internal_error,
     step_ran,
 )
-from actions.engine.policies import policy_fields, policy_layers
+from actions.engine.policies import policy_fields, policy_layers, why_not_start
 from actions.engine.queue import (
     NO_LIMITS,
     StepRunner,
@@ -158,6 +159,8 @@ def start_run(
     only records a pause (a service's question): its caller then finds the pause recorded."""
     if here and runs_an_action(consumer):
         raise ValueError("here: only for a driver whose step runs none of its caller's code")
+    if why := why_not_start(by, team):
+        raise NotAllowed(why)
     act = registry.get(action_name) if runs_an_action(consumer) else None
     check_size("the input", input)
     check_size(

@@ -11,9 +11,10 @@ from typing import Any
 from django.utils import timezone
 
 from actions.engine.errors import InvalidInput, NotAllowed
-from actions.engine.members import may_manage
-from actions.engine.policies import role_refusal
-from actions.models import ApiToken, Role, Scope, Team
+from actions.engine.members import may_manage, why_not_manage
+from actions.models import ApiToken, Team
+
+MANAGE_TOKENS = "manage the team's API tokens"
 
 # "90d", "12h", "30m": how long a new token lasts.
 _DURATION = re.compile(r"^\s*(\d{1,6})\s*([dhm])\s*$")
@@ -33,29 +34,18 @@ def lifetime(text: str) -> timedelta:
     return duration
 
 
-def why_not_manage(by: Any, team: Team) -> str:
-    return role_refusal(by, [team.pk], Role.MANAGE, "manage the team's API tokens") or (
-        f"Only the admins of {team} can manage its API tokens."
-    )
-
-
 def issue(
     team: Team, name: str, scopes: Collection[str], expires_in: timedelta | None, by: Any
 ) -> tuple[ApiToken, str]:
     """A new token of the team, with these scopes, lasting ``expires_in`` (None: until
     revoked), and its key (shown once). ``by`` None is the command line."""
     if not may_manage(by, team):
-        raise NotAllowed(why_not_manage(by, team))
+        raise NotAllowed(why_not_manage(by, team, MANAGE_TOKENS))
     name = name.strip()
     if not name or len(name) > ApiToken._meta.get_field("name").max_length:  # type: ignore[operator]
         raise InvalidInput(
             "a token needs a name of 1 to 100 characters",
             [{"loc": ["name"], "msg": "Name it (1 to 100 characters).", "type": "name"}],
-        )
-    if unknown := sorted(set(scopes) - set(Scope.values)):
-        raise InvalidInput(
-            f"not a scope: {', '.join(unknown)} (the scopes: {', '.join(Scope.values)})",
-            [{"loc": ["scopes"], "msg": f"Not a scope: {', '.join(unknown)}.", "type": "choice"}],
         )
     if not scopes:
         raise InvalidInput(
@@ -64,13 +54,16 @@ def issue(
         )
     expires_at = timezone.now() + expires_in if expires_in is not None else None
     made_by = by if by is not None and by.is_authenticated else None
-    return ApiToken.issue(team, name, scopes, expires_at=expires_at, created_by=made_by)
+    try:
+        return ApiToken.issue(team, name, scopes, expires_at=expires_at, created_by=made_by)
+    except ValueError as exc:  # a scope that is none
+        raise InvalidInput(str(exc), [{"loc": ["scopes"], "msg": f"{exc}.", "type": "choice"}]) from None
 
 
 def revoke(token: ApiToken, by: Any) -> bool:
     """Revoke it from now on; False when it was revoked already."""
     if not may_manage(by, token.team):
-        raise NotAllowed(why_not_manage(by, token.team))
+        raise NotAllowed(why_not_manage(by, token.team, MANAGE_TOKENS))
     was = token.revoked_at
     token.revoke()
     return was is None

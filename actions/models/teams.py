@@ -60,7 +60,7 @@ class Role(models.TextChoices):
 
     # The roles that may each thing. A refusal names the first of its group (Role.needed).
     READ: ClassVar[frozenset[str]]  # runs, interrupts, history, exports, the event log
-    WORK: ClassVar[frozenset[str]]  # the inbox (live), comments, starting runs from a page
+    WORK: ClassVar[frozenset[str]]  # the inbox (live), comments
     DECIDE: ClassVar[frozenset[str]]
     MANAGE: ClassVar[frozenset[str]]
 
@@ -94,6 +94,17 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.team}: {self.role}"
+
+    @classmethod
+    def has(cls, user_id: Any, team_ids: Collection[int], roles: Collection[str]) -> bool:
+        """Whether the user has one of ``roles`` in one of these teams."""
+        return cls.objects.filter(user_id=user_id, team_id__in=team_ids, role__in=roles).exists()
+
+    @classmethod
+    def who_decide(cls, team: Any, usernames: Collection[str]) -> set[str]:
+        """Those of ``usernames`` who decide in ``team`` (its approvers and admins)."""
+        found = cls.objects.filter(team=team, role__in=Role.DECIDE, user__username__in=list(usernames))
+        return set(found.values_list("user__username", flat=True))
 
     @classmethod
     def roles_of(cls, user_id: Any, team_ids: Collection[int]) -> set[str]:
@@ -215,7 +226,7 @@ class ApiToken(models.Model):
             list(Scope.values) if scopes is None else [scope for scope in Scope.values if scope in scopes]
         )
         if unknown := sorted(set(scopes or ()) - set(Scope.values)):
-            raise ValueError(f"not a scope: {', '.join(unknown)} (scopes: {', '.join(Scope.values)})")
+            raise ValueError(f"not a scope: {', '.join(unknown)} (the scopes: {', '.join(Scope.values)})")
         key = "gl_" + secrets.token_urlsafe(32)
         token = cls.objects.create(
             team=team,

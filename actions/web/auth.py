@@ -119,6 +119,12 @@ def count_failure(
             cache.delete(key)
 
 
+def not_a_password(request: HttpRequest | None, credentials: dict[str, Any] | None = None) -> bool:
+    """django-axes counts no failure of the identity provider's sign-in: no password was sent
+    (the callback's code and state are not kept either)."""
+    return request is not None and bool(getattr(request, "grundlag_sign_in", False))
+
+
 class SprayThrottleBackend(ModelBackend):
     """First of the authentication backends: refuses, before any password is checked, while
     the client's address or the username has failed too often recently. It authenticates no

@@ -40,11 +40,16 @@ def grants(request: AuthenticatedRequest) -> HttpResponse:
 @login_required
 @require_POST
 def revoke(request: AuthenticatedRequest, pk: int) -> HttpResponse:
-    """Any member of its team may revoke a grant: stopping one is never risky."""
+    """The team's approvers and admins may revoke a grant: stopping one is never risky."""
     grant = _grants_for(request.user).filter(pk=pk).first()
     if grant is None:
         raise Http404("No such grant")
-    if engine.revoke_grant(grant, request.user):
+    try:
+        revoked = engine.revoke_grant(grant, request.user)
+    except engine.NotAllowed as exc:
+        messages.error(request, str(exc))
+        return redirect("grants")
+    if revoked:
         messages.success(request, f"Revoked grant #{grant.pk}: it approves nothing more.")
     else:
         messages.info(request, f"Grant #{grant.pk} was revoked already.")

@@ -15,7 +15,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 
 from actions import engine
-from actions.models import Notification, Role, Team
+from actions.models import Membership, Notification, Role
 from actions.notify import links
 from actions.web.forms import ApprovalForm, RejectForm, SchemaForm, answer_form
 
@@ -42,7 +42,7 @@ def decision_link(request: HttpRequest, token: str) -> HttpResponse:
     # of it here (the dashboard would answer them 404).
     if not person.is_active:
         return _page(request, 403, problem="not_allowed", person=person, why="their account is disabled")
-    if not Team.where(person, Role.READ).filter(pk__in=interrupt.team_ids).exists():
+    if not Membership.has(person.pk, interrupt.team_ids, Role.READ):
         return _page(request, 403, problem="not_allowed", person=person, why="they are no longer in its team")
     context: dict[str, Any] = {"interrupt": interrupt, "person": person, "token": token}
     if not interrupt.is_pending:

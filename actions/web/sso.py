@@ -34,7 +34,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.views import LoginView
 from django.core import signing
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -48,7 +48,7 @@ from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthen
 
 from actions import engine
 from actions.models import ROLE_STRENGTH, Membership, SignInGroup, SignInIdentity
-from actions.web.auth import LoginForm
+from actions.web.auth import LoginForm, client_ip
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +159,12 @@ class SignInBackend(OIDCAuthenticationBackend):
     def get_settings(attr: str, *args: Any) -> Any:
         return _setting(attr, *args)
 
+    def get_user(self, user_id: Any) -> Any:
+        """The session's user, unless their account was disabled meanwhile (the library's own
+        would keep them signed in): their session ends with their next request."""
+        user = super().get_user(user_id)
+        return user if user is not None and self.user_can_authenticate(user) else None
+
     def authenticate(self, request: HttpRequest | None, **kwargs: Any) -> Any:
         if request is None or "nonce" not in kwargs or not enabled():
             return None
@@ -227,18 +233,23 @@ class SignInBackend(OIDCAuthenticationBackend):
 
     def create_user(self, claims: dict[str, Any]) -> Any:
         roles, managed = _roles_of(claims)
-        if not roles and managed:
+        if not roles and not _open_sign_up(managed):
             raise _refuse(self.request, _no_team(claims))
-        with transaction.atomic():
-            user = get_user_model().objects.create_user(
-                _free_username(claims), email=claims.get("email") or ""
-            )
-            SignInIdentity.objects.create(
-                issuer=settings.GRUNDLAG_OIDC_ISSUER,
-                subject=claims["sub"],
-                user=user,
-                last_signed_in_at=timezone.now(),
-            )
+        try:
+            with transaction.atomic():
+                user = get_user_model().objects.create_user(_free_username(claims), email=_email(claims))
+                SignInIdentity.objects.create(
+                    issuer=settings.GRUNDLAG_OIDC_ISSUER,
+                    subject=claims["sub"],
+                    user=user,
+                    last_signed_in_at=timezone.now(),
+                )
+        except IntegrityError:
+            # The same person's first sign-in in another tab won the race: theirs is the user.
+            raced = self.filter_users_by_claims(claims).first()
+            if raced is None:
+                raise
+            return self.update_user(raced, claims)
         _update_profile(user, claims)
         engine.members.from_groups(user, roles, managed)
         logger.info("sign-in: made user %s for %s", user.get_username(), claims["sub"])
@@ -248,11 +259,16 @@ class SignInBackend(OIDCAuthenticationBackend):
         if not user.is_active:
             raise _refuse(self.request, "this account is disabled here")
         roles, managed = _roles_of(claims)
-        elsewhere = Membership.objects.filter(user=user).exclude(team_id__in=managed).exists()
-        if not roles and managed and not elsewhere and not user.is_staff:
+        # First: refused or not, they leave the teams their groups no longer open (mail links
+        # and Slack need no session).
+        engine.members.from_groups(user, roles, managed)
+        if (
+            not user.is_staff
+            and not Membership.objects.filter(user=user).exists()
+            and not _open_sign_up(managed)
+        ):
             raise _refuse(self.request, _no_team(claims))
         _update_profile(user, claims)
-        engine.members.from_groups(user, roles, managed)
         SignInIdentity.objects.filter(user=user).update(last_signed_in_at=timezone.now())
         return user
 
@@ -283,13 +299,29 @@ def _roles_of(claims: dict[str, Any]) -> tuple[dict[int, str], set[int]]:
     return roles, managed
 
 
+def _open_sign_up(managed: set[int]) -> bool:
+    """Whether someone their groups put in no team may still sign in: only where no group is
+    mapped at all and the site says so (GRUNDLAG_OIDC_OPEN_SIGN_UP), for a team's admin to add
+    them; otherwise anyone the provider accepts (any Google account, say) would get in."""
+    return not managed and bool(settings.GRUNDLAG_OIDC_OPEN_SIGN_UP)
+
+
+def _email(claims: dict[str, Any]) -> str:
+    """Their email, unless the provider says it is not verified (mail and Slack find people
+    by it)."""
+    if claims.get("email_verified") is False:
+        return ""
+    return str(claims.get("email") or "")[:254]
+
+
 def _no_team(claims: dict[str, Any]) -> str:
     groups = _groups(claims)
     said = ", ".join(groups[:10]) if groups else "none"
     return f"your account is in no group that opens a team here (your groups: {said}); ask your administrator"
 
 
-_USERNAME = re.compile(r"[^\w.@+-]")
+# ASCII only: a username that looks like another's (a Cyrillic "а") is not taken from a claim.
+_USERNAME = re.compile(r"[^A-Za-z0-9_.@+-]")
 
 
 def _free_username(claims: dict[str, Any]) -> str:
@@ -307,7 +339,7 @@ def _free_username(claims: dict[str, Any]) -> str:
 
 def _update_profile(user: Any, claims: dict[str, Any]) -> None:
     fields = {
-        "email": str(claims.get("email") or user.email)[:254],
+        "email": _email(claims) or user.email,
         "first_name": str(claims.get("given_name") or user.first_name)[:150],
         "last_name": str(claims.get("family_name") or user.last_name)[:150],
     }
@@ -365,13 +397,22 @@ class Callback(OIDCAuthenticationCallbackView):
                 request, status=503, refused="the identity provider cannot be reached; try again later"
             )
 
+    def get(self, request: HttpRequest) -> HttpResponse:
+        # An error for no sign-in of this browser's (a link anyone can make): the library would
+        # sign the person out; nothing is done.
+        if request.GET.get("error") and request.GET.get("state") not in request.session.get(
+            "oidc_states", {}
+        ):
+            return login_page(request, status=400, refused="the sign-in did not complete")
+        return super().get(request)
+
     def login_failure(self) -> HttpResponse:
-        why = getattr(self.request, "grundlag_sign_in_refused", "") or (
-            self.request.GET.get("error_description")
-            or self.request.GET.get("error")
-            or "the sign-in did not complete"
-        )
-        return login_page(self.request, status=403, refused=str(why)[:300])
+        why = getattr(self.request, "grundlag_sign_in_refused", "")
+        if not why:
+            # The provider's own words are not shown: only the OAuth error code, as a code.
+            code = re.sub(r"[^a-z_]", "", self.request.GET.get("error", ""))[:40]
+            why = f"the identity provider refused it ({code})" if code else "the sign-in did not complete"
+        return login_page(self.request, status=403, refused=why)
 
 
 def login_page(request: HttpRequest, *, status: int = 200, refused: str = "") -> HttpResponse:
@@ -455,6 +496,19 @@ def link_sign_in(request: HttpRequest, token: str) -> HttpResponse:
         )
     if request.method != "POST":
         return render(request, "registration/link.html", {"person": user})
+    # Used once, whatever arrives at the same moment: the first to change the last sign-in wins.
+    if (
+        not get_user_model()
+        .objects.filter(pk=user.pk, last_login=user.last_login)
+        .update(last_login=timezone.now())
+    ):
+        return login_page(
+            request, status=403, refused="this sign-in link has been used, or its user cannot use it"
+        )
     auth.login(request, user, backend="django.contrib.auth.backends.ModelBackend")
-    logger.warning("break-glass sign-in of %s by a link made on the server", user.get_username())
+    logger.warning(
+        "break-glass sign-in of %s by a link made on the server, from %s",
+        user.get_username(),
+        client_ip(request),
+    )
     return redirect("inbox")
