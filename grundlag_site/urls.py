@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from actions import scim
 from actions.api import api
 from actions.web import health, sso
 
@@ -19,6 +20,9 @@ urlpatterns = [
     # The admin signs in where everyone does: one page, its throttling and single sign-on.
     path("admin/login/", RedirectView.as_view(pattern_name="login", query_string=True)),
     path("admin/", admin.site.urls),
+    # SCIM 2.0: the company's directory provisions users and groups (actions.scim).
+    path("scim/v2", scim.endpoint),
+    path("scim/v2/<path:path>", scim.endpoint),
     path("healthz", health.healthz, name="healthz"),  # under ASGI, answered before Django
     path("readyz", health.readyz, name="readyz"),
     path("metrics", health.metrics, name="metrics"),

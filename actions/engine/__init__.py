@@ -27,7 +27,7 @@ From the top (pyproject.toml's import-linter contract holds the order):
 
 from __future__ import annotations
 
-from actions.engine import idempotency, members, tokens
+from actions.engine import directory, idempotency, members, tokens
 from actions.engine.comments import comment, may_comment
 from actions.engine.deadlines import apply_policies
 from actions.engine.decisions import (
@@ -120,6 +120,7 @@ __all__ = [
     "comment",
     "compile_condition",
     "counted_approvals",
+    "directory",
     "dry_run",
     "effective_policy",
     "end_away",

@@ -22,7 +22,7 @@ from actions.engine.errors import InvalidInput, NotAllowed
 from actions.engine.grants import revoke_grant
 from actions.engine.journal import atomic
 from actions.engine.policies import role_refusal
-from actions.models import Delegation, Grant, Membership, Role, SignInGroup, Team
+from actions.models import ROLE_STRENGTH, Delegation, Grant, Membership, Role, SignInGroup, Team
 
 logger = logging.getLogger(__name__)
 
@@ -127,14 +127,32 @@ def remove(team: Team, user: Any, by: Any) -> MemberChange:
     return _change(team, user, None, by)
 
 
-def from_groups(user: Any, roles: dict[int, str], managed: Collection[int]) -> list[MemberChange]:
+def roles_for(groups: Collection[str]) -> tuple[dict[int, str], set[int]]:
+    """What these groups of the company's (a sign-in's groups claim, the directory's groups)
+    make a person (team id -> the strongest role any gives), and the teams whose members the
+    company manages (those with a sign-in group)."""
+    wanted = set(groups)
+    roles: dict[int, str] = {}
+    managed: set[int] = set()
+    for group, team_id, role in SignInGroup.objects.values_list("group", "team_id", "role"):
+        managed.add(team_id)
+        if group in wanted:
+            current = roles.get(team_id)
+            if current is None or ROLE_STRENGTH.index(role) < ROLE_STRENGTH.index(current):
+                roles[team_id] = role
+    return roles, managed
+
+
+def from_groups(
+    user: Any, roles: dict[int, str], managed: Collection[int], *, via: str = "sign-in"
+) -> list[MemberChange]:
     """At sign-in with the identity provider: the user's memberships of the teams whose members
     it manages (``managed``: those with a sign-in group) set to ``roles`` (team id -> role),
     ended in those where it gives none; their other memberships left as they are. The provider
     is the authority there, as the command line is: no team admin's rule binds it."""
     changes = []
     for team in Team.objects.filter(pk__in=managed).order_by("pk"):
-        change = _change(team, user, roles.get(team.pk), None, via="sign-in")
+        change = _change(team, user, roles.get(team.pk), None, via=via)
         if change.changed:
             changes.append(change)
     return changes

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from actions.engine.errors import InvalidInput, NotAllowed
 from actions.engine.members import may_manage, why_not_manage
-from actions.models import ApiToken, Team
+from actions.models import ApiToken, Scope, Team
 
 MANAGE_TOKENS = "manage the team's API tokens"
 
@@ -47,6 +47,8 @@ def issue(
             "a token needs a name of 1 to 100 characters",
             [{"loc": ["name"], "msg": "Name it (1 to 100 characters).", "type": "name"}],
         )
+    if Scope.SCIM in scopes and by is not None and not by.is_staff:
+        raise NotAllowed("Only staff make tokens with the scim scope: it provisions the whole site's people.")
     if not scopes:
         raise InvalidInput(
             "a token needs at least one scope",

@@ -48,6 +48,7 @@ from actions.models.teams import (
     ROLE_STRENGTH,
     Actor,
     ApiToken,
+    DirectoryResource,
     IdempotencyKey,
     InboxStream,
     Membership,
@@ -63,6 +64,7 @@ from actions.models.teams import (
 
 __all__ = [
     "Actor",
+    "DirectoryResource",
     "Membership",
     "ROLE_STRENGTH",
     "Role",

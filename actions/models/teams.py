@@ -149,6 +149,27 @@ class SignInIdentity(models.Model):
         return f"{self.user} ({self.subject} at {self.issuer})"
 
 
+class DirectoryResource(models.Model):
+    """A user or a group as the company's directory provisions it (SCIM 2.0, actions.scim):
+    the resource as the directory last wrote it (its password never kept), and the site's user
+    it is (a user's). The site's users and memberships follow it (actions.engine.directory)."""
+
+    resource_type = models.CharField(max_length=20)  # "User" or "Group"
+    resource_id = models.CharField(max_length=64)
+    payload = models.JSONField()
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="directory_resource"
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["resource_type", "resource_id"], name="directory_resource_id")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.resource_type} {self.resource_id}"
+
+
 # The roles by what they let a member do, the strongest first: where a person's groups give
 # them several roles in one team, the first of these they have is theirs.
 ROLE_STRENGTH = (Role.ADMIN, Role.APPROVER, Role.VIEWER, Role.AUDITOR)
@@ -184,6 +205,13 @@ class Scope(models.TextChoices):
     HISTORY_READ = "history:read", "read the team's decided history"
     WEBHOOKS_WRITE = "webhooks:write", "add, list and remove the team's webhooks"
     MCP = "mcp", "call the team's actions as MCP tools"
+    # The whole site's people, not one team's: made by staff or on the command line only.
+    SCIM = "scim", "provision the site's users and groups from the directory (SCIM; staff only)"
+
+    @classmethod
+    def of_a_team(cls) -> list[str]:
+        """Every scope that acts within the token's team (all but scim)."""
+        return [scope for scope in cls.values if scope != cls.SCIM]
 
 
 class ApiToken(models.Model):
@@ -220,11 +248,9 @@ class ApiToken(models.Model):
         expires_at: datetime | None = None,
         created_by: Any = None,
     ) -> tuple[ApiToken, str]:
-        """Create a token (with every scope unless ``scopes`` says which) and return it with its
-        key, which is shown once and never stored."""
-        chosen = (
-            list(Scope.values) if scopes is None else [scope for scope in Scope.values if scope in scopes]
-        )
+        """Create a token (with every scope of a team's unless ``scopes`` says which) and return
+        it with its key, which is shown once and never stored."""
+        chosen = Scope.of_a_team() if scopes is None else [scope for scope in Scope.values if scope in scopes]
         if unknown := sorted(set(scopes or ()) - set(Scope.values)):
             raise ValueError(f"not a scope: {', '.join(unknown)} (the scopes: {', '.join(Scope.values)})")
         key = "gl_" + secrets.token_urlsafe(32)

@@ -47,7 +47,7 @@ from mozilla_django_oidc.utils import import_from_settings
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
 from actions import engine
-from actions.models import ROLE_STRENGTH, Membership, SignInGroup, SignInIdentity
+from actions.models import Membership, SignInIdentity
 from actions.web.auth import LoginForm, client_ip
 
 logger = logging.getLogger(__name__)
@@ -285,18 +285,8 @@ def _groups(claims: dict[str, Any]) -> list[str]:
 
 
 def _roles_of(claims: dict[str, Any]) -> tuple[dict[int, str], set[int]]:
-    """What the person's groups make them (team id -> the strongest role any gives), and the
-    teams whose members the provider manages (those with a sign-in group)."""
-    groups = set(_groups(claims))
-    roles: dict[int, str] = {}
-    managed: set[int] = set()
-    for group, team_id, role in SignInGroup.objects.values_list("group", "team_id", "role"):
-        managed.add(team_id)
-        if group in groups:
-            current = roles.get(team_id)
-            if current is None or ROLE_STRENGTH.index(role) < ROLE_STRENGTH.index(current):
-                roles[team_id] = role
-    return roles, managed
+    """What the person's groups make them, and the teams the provider manages."""
+    return engine.members.roles_for(_groups(claims))
 
 
 def _open_sign_up(managed: set[int]) -> bool:

@@ -11,7 +11,8 @@ from actions.models import Scope, Team
 class Command(BaseCommand):
     help = (
         "Create an API token for a team and print it (alone, on the last line). Its scopes say what"
-        f" it may do ({', '.join(Scope.values)}); without --scope it has every one."
+        f" it may do ({', '.join(Scope.values)}); without --scope it has every one but scim (which"
+        " provisions the whole site's people from the company's directory)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -38,7 +39,9 @@ class Command(BaseCommand):
         scopes = [scope.strip() for each in options["scope"] for scope in each.split(",") if scope.strip()]
         try:
             lasting = engine.tokens.lifetime(options["expires_in"]) if options["expires_in"] else None
-            token, key = engine.tokens.issue(team, options["name"], scopes or Scope.values, lasting, None)
+            token, key = engine.tokens.issue(
+                team, options["name"], scopes or Scope.of_a_team(), lasting, None
+            )
         except engine.EngineError as exc:
             raise CommandError(str(exc)) from exc
         until = f"until {token.expires_at:%Y-%m-%d %H:%M} UTC" if token.expires_at else "until revoked"
