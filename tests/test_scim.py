@@ -171,3 +171,69 @@ def test_only_a_token_with_the_scim_scope_made_by_staff_provisions(team: Team, t
         engine.tokens.issue(team, "dir", [Scope.SCIM], None, admin)
     staff = User.objects.create_user("root", is_staff=True)
     assert engine.tokens.issue(team, "dir", [Scope.SCIM], None, staff)[0].scopes == ["scim"]
+
+
+def test_the_directory_takes_over_no_staff_or_disabled_account_and_no_look_alike(scim_key: str) -> None:
+    client = scim(scim_key)
+    user = {"schemas": ["urn:ietf:params:scim:schemas:core:2.0:User"]}
+    User.objects.create_user("root", is_staff=True)
+    User.objects.create_user("gone", is_active=False)
+    for name in ("root", "ROOT", "gone"):
+        refused = post(client, "Users", {**user, "userName": name})
+        assert refused.status_code == 409, (name, refused.content)
+    assert User.objects.get(username="root").is_staff and not User.objects.get(username="gone").is_active
+    assert post(client, "Users", {**user, "userName": "root\n"}).status_code == 400  # no look-alike
+    assert (
+        post(client, "Users", {**user, "userName": "eve", "emails": [{"value": "not-mail"}]}).status_code
+        == 400
+    )
+    assert not User.objects.filter(username__startswith="eve").exists()
+
+
+def test_active_follows_the_directory_but_not_over_an_admins_disabling(team: Team, scim_key: str) -> None:
+    SignInGroup.objects.create(group="finance", team=team, role=Role.APPROVER)
+    client = scim(scim_key)
+    user = {"schemas": ["urn:ietf:params:scim:schemas:core:2.0:User"], "userName": "kim"}
+    kim_id = post(client, "Users", user).json()["id"]
+    group = {"schemas": ["urn:ietf:params:scim:schemas:core:2.0:Group"], "displayName": "finance"}
+    group_id = post(client, "Groups", {**group, "members": [{"value": kim_id}]}).json()["id"]
+    kim = User.objects.get(username="kim")
+    assert Membership.objects.get(user=kim, team=team).role == Role.APPROVER
+    # A replacement that leaves active out changes nothing; the directory disables...
+    assert (
+        client.put(f"/scim/v2/Users/{kim_id}", user, content_type="application/scim+json").status_code == 200
+    )
+    kim.refresh_from_db()
+    assert kim.is_active
+    patch(client, f"Users/{kim_id}", {"op": "replace", "path": "active", "value": False})
+    kim.refresh_from_db()
+    assert not kim.is_active and not Membership.objects.filter(user=kim).exists()  # and they leave
+    # ...and re-enables what it disabled, with the teams its groups give.
+    patch(client, f"Users/{kim_id}", {"op": "replace", "path": "active", "value": True})
+    kim.refresh_from_db()
+    assert kim.is_active and Membership.objects.get(user=kim, team=team).role == Role.APPROVER
+    # An account an admin disabled here stays disabled, whatever the directory sends.
+    kim.is_active = False
+    kim.save()
+    client.put(f"/scim/v2/Users/{kim_id}", {**user, "active": True}, content_type="application/scim+json")
+    kim.refresh_from_db()
+    assert not kim.is_active
+    assert client.get(f"/scim/v2/Groups/{group_id}").status_code == 200
+
+
+def test_a_directory_made_account_is_the_one_its_person_signs_in_with(scim_key: str, settings: Any) -> None:
+    from django.test import RequestFactory
+
+    from actions.web import sso
+
+    post(
+        scim(scim_key),
+        "Users",
+        {"schemas": ["urn:ietf:params:scim:schemas:core:2.0:User"], "userName": "alice@example.com"},
+    )
+    settings.GRUNDLAG_OIDC_ISSUER = "https://idp.example.com"
+    backend = sso.SignInBackend()
+    backend.request = RequestFactory().get("/oidc/callback/")
+    (found,) = backend.filter_users_by_claims({"sub": "00u1", "email": "alice@example.com"})
+    assert found.username == "alice@example.com" and found.sign_in_identity.subject == "00u1"
+    assert User.objects.filter(username__startswith="alice").count() == 1

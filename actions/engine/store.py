@@ -304,6 +304,19 @@ def _chain_query(runs: int, vendor: str) -> str:
     )
 
 
+# The directory's lock on PostgreSQL (pg_advisory_xact_lock's key): "grundlag".
+_DIRECTORY_LOCK = 0x6772756E646C6167
+
+
+def lock_directory() -> None:
+    """Hold the company directory's resources (SCIM) until this transaction ends. On SQLite the
+    transaction's write lock, taken as it begins (BEGIN IMMEDIATE), holds everything already."""
+    connection = default_db()
+    if connection.vendor == "postgresql":
+        with open_cursor(connection) as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_DIRECTORY_LOCK])
+
+
 def lock_audit_chain(run_ids: Sequence[int]) -> tuple[int, str, dict[int, str]]:
     """The audit chain's place and head, its row locked until the transaction ends (SQLite's
     IMMEDIATE transaction holds the whole database already), and each run's newest run_hash

@@ -10,11 +10,11 @@ import json
 import logging
 import uuid
 from collections.abc import Generator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import cache
 from typing import Any
 
-from django.db import transaction
+from django.db import DataError, IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from scim2_models import (
@@ -56,7 +56,6 @@ MAX_RESULTS = 200
 def service() -> ScimService:
     """What the site serves: the standard User (with the enterprise extension) and Group."""
     config = ServiceProviderConfig(
-        documentation_uri="https://grundlag.example/docs/how-to/scim/",
         patch=Patch(supported=True),
         bulk=Bulk(supported=False, max_operations=0, max_payload_size=0),
         filter=Filter(supported=True, max_results=MAX_RESULTS),
@@ -84,13 +83,18 @@ class DirectoryStorage(InMemoryStorage):
     written through the engine in that operation's transaction. Each operation reads every
     resource of the directory: a company's directory, not a web's."""
 
-    def __init__(self, scim: ScimService) -> None:
+    def __init__(self, scim: ScimService, *, writes: bool) -> None:
         super().__init__()
         self.scim = scim
+        self.writes = writes
 
     @contextmanager
     def operation(self) -> Generator[None]:
-        with self.lock, transaction.atomic():
+        # A write holds the directory (the transaction's lock) from its read to its last write;
+        # a read takes no lock (on SQLite, holding the site's write lock while it parses).
+        with transaction.atomic() if self.writes else nullcontext():
+            if self.writes:
+                engine.directory.lock()
             loaded: list[Resource[Any]] = []
             for resource_type in self.scim.provider.resource_types:
                 model = self.scim.get_model(resource_type)
@@ -153,9 +157,16 @@ def endpoint(request: HttpRequest, path: str = "") -> HttpResponse:
             if not token.allows([Scope.SCIM]):
                 raise ForbiddenException(detail="This token needs the scope scim")
             scim_request.subject = token
-        response = ScimHandler(scim, DirectoryStorage(scim)).handle(scim_request)
+        storage = DirectoryStorage(scim, writes=scim_request.method.upper() not in ("GET", "HEAD"))
+        response = ScimHandler(scim, storage).handle(scim_request)
     except SCIMException as exc:
         response = scim.error_response(exc)
+    except IntegrityError:  # a username another process took at the same moment
+        response = scim.error_response(UniquenessException(detail="the resource is another's here"))
+    except DataError as exc:  # a value longer than its column
+        response = scim.error_response(
+            InvalidValueException(detail=f"a value does not fit: {type(exc).__name__}")
+        )
     answer = HttpResponse(
         json.dumps(response.body) if response.body is not None else b"", status=int(response.status)
     )

@@ -47,7 +47,7 @@ from mozilla_django_oidc.utils import import_from_settings
 from mozilla_django_oidc.views import OIDCAuthenticationCallbackView, OIDCAuthenticationRequestView
 
 from actions import engine
-from actions.models import Membership, SignInIdentity
+from actions.models import DirectoryResource, Membership, SignInIdentity
 from actions.web.auth import LoginForm, client_ip
 
 logger = logging.getLogger(__name__)
@@ -227,6 +227,14 @@ class SignInBackend(OIDCAuthenticationBackend):
 
     def filter_users_by_claims(self, claims: dict[str, Any]) -> Any:
         users = get_user_model().objects
+        found = users.filter(
+            sign_in_identity__issuer=settings.GRUNDLAG_OIDC_ISSUER, sign_in_identity__subject=claims["sub"]
+        )
+        if not found.exists() and (provisioned := _provisioned(claims)) is not None:
+            # The directory made their account first (SCIM): this sign-in is theirs, not a second one.
+            SignInIdentity.objects.create(
+                issuer=settings.GRUNDLAG_OIDC_ISSUER, subject=claims["sub"], user=provisioned
+            )
         return users.filter(
             sign_in_identity__issuer=settings.GRUNDLAG_OIDC_ISSUER, sign_in_identity__subject=claims["sub"]
         )
@@ -260,8 +268,10 @@ class SignInBackend(OIDCAuthenticationBackend):
             raise _refuse(self.request, "this account is disabled here")
         roles, managed = _roles_of(claims)
         # First: refused or not, they leave the teams their groups no longer open (mail links
-        # and Slack need no session).
-        engine.members.from_groups(user, roles, managed)
+        # and Slack need no session). Where the directory provisions them (SCIM), its groups
+        # decide their teams, not the sign-in's.
+        if not DirectoryResource.objects.filter(user=user).exists():
+            engine.members.from_groups(user, roles, managed)
         if (
             not user.is_staff
             and not Membership.objects.filter(user=user).exists()
@@ -287,6 +297,22 @@ def _groups(claims: dict[str, Any]) -> list[str]:
 def _roles_of(claims: dict[str, Any]) -> tuple[dict[int, str], set[int]]:
     """What the person's groups make them, and the teams the provider manages."""
     return engine.members.roles_for(_groups(claims))
+
+
+def _provisioned(claims: dict[str, Any]) -> Any:
+    """The account the company's directory provisioned for this person (SCIM), not yet signed in
+    with: its externalId is their subject, or its userName their preferred username or email.
+    Never a staff member's (their accounts are linked by hand)."""
+    names = [str(claims[key]) for key in ("preferred_username", "email") if claims.get(key)]
+    rows = DirectoryResource.objects.filter(
+        resource_type="User", user__isnull=False, user__sign_in_identity=None, user__is_staff=False
+    ).select_related("user")
+    for row in rows.filter(payload__externalId=claims["sub"])[:1]:
+        return row.user
+    for name in names:
+        for row in rows.filter(user__username__iexact=name)[:1]:
+            return row.user
+    return None
 
 
 def _open_sign_up(managed: set[int]) -> bool:
