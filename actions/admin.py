@@ -148,6 +148,15 @@ class PolicyForm(forms.ModelForm[Policy]):
             except ValidationError as exc:
                 errors = describe_errors(field_errors(exc), "answer")
                 self.add_error("default_answer", f"It does not fit {act.name}'s answer schema: {errors}")
+        names = [each.strip() for each in (cleaned.get("assignees") or "").split(",") if each.strip()]
+        team = cleaned.get("team")
+        if (
+            names
+            and team is not None
+            and (unknown := sorted(set(names) - Membership.who_decide(team, names)))
+        ):
+            # An approval assigned to someone who may not decide it could never be decided.
+            self.add_error("assignees", f"Not an approver or admin of {team}: {', '.join(unknown)}.")
         return cleaned
 
 

@@ -63,3 +63,23 @@ def test_pauses_from_before_call_binding_resume_as_they_would_have() -> None:
     finally:
         executor.loader.build_graph()
         executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+def test_the_members_from_before_roles_become_approvers() -> None:
+    executor = MigrationExecutor(connection)
+    before, after = [("actions", "0021_journal_function")], [("actions", "0022_membership_roles")]
+    executor.migrate(before)
+    old = executor.loader.project_state(before).apps
+    team = old.get_model("actions", "Team").objects.create(name="Finance", slug="finance")
+    person = old.get_model("auth", "User").objects.create(username="old-member")
+    team.members.add(person)
+    (row_id,) = old.get_model("actions", "Team").members.through.objects.values_list("pk", flat=True)
+    try:
+        executor.loader.build_graph()
+        executor.migrate(after)
+        Membership: Any = executor.loader.project_state(after).apps.get_model("actions", "Membership")
+        (kept,) = Membership.objects.all()
+        assert (kept.pk, kept.user_id, kept.team_id, kept.role) == (row_id, person.pk, team.pk, "approver")
+    finally:
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes())

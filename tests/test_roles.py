@@ -246,3 +246,22 @@ def test_a_team_whose_members_come_from_the_provider_is_not_changed_by_hand(team
         engine.members.set_role(team, User.objects.get(username="nico"), Role.VIEWER, admin)
     call_command("team_member", "finance", "nico", "--role", "viewer")  # automation may
     assert Membership.objects.get(team=team, user__username="nico").role == Role.VIEWER
+
+
+def test_a_teams_policy_assigns_only_people_who_decide(team: Team) -> None:
+    from django.contrib import admin as django_admin
+    from django.test import RequestFactory
+
+    from actions.models import Policy
+
+    request = RequestFactory().get("/admin/")
+    request.user = User.objects.create_superuser("root", password="pw-root-1234")
+    PolicyForm = django_admin.site.get_model_admin(Policy).get_form(request)  # noqa: N806 - a class
+    in_role(team, "vera", Role.VIEWER)
+    in_role(team, "apu", Role.APPROVER)
+    data = {"team": team.pk, "action": "send_invoice", "approvals_required": 1}
+    refused = PolicyForm(data={**data, "assignees": "apu, vera"})
+    assert (
+        not refused.is_valid() and "Not an approver or admin of Finance: vera." in refused.errors["assignees"]
+    )
+    assert PolicyForm(data={**data, "assignees": "apu"}).is_valid()

@@ -154,6 +154,8 @@ def mcp_calls(*keys: str) -> list[httpx.Response]:
     return asyncio.run(calls())
 
 
+# On SQLite only: the MCP endpoint reads the token on a thread of its executor's, which keeps the
+# connection it had (the token's SQL is the API's, tested on both databases above).
 @pytest.mark.django_db(transaction=True)  # served on other threads, with their own connections
 def test_mcp_asks_for_the_mcp_scope(team: Team, ran: list[str]) -> None:
     without = token(team, Scope.RUNS_WRITE, Scope.INTERRUPTS_DECIDE)
