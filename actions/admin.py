@@ -28,6 +28,7 @@ from actions.models import (
     AuditHead,
     Delegation,
     DeliveryAttempt,
+    DirectoryResource,
     Grant,
     Interrupt,
     Membership,
@@ -120,11 +121,25 @@ class SignInGroupAdmin(GuardedAdmin):
 
 @admin.register(SignInIdentity)
 class SignInIdentityAdmin(GuardedAdmin):
-    """Who each single sign-on user is at the provider (written at their sign-ins)."""
+    """Who each single sign-on user is at the provider (written at their sign-ins). Staff link
+    an identity to the account a person had before single sign-on here: its user."""
 
     list_display = ["user", "subject", "issuer", "last_signed_in_at"]
     search_fields = ["user__username", "subject"]
-    readonly_fields = ["user", "issuer", "subject", "created_at", "last_signed_in_at"]
+    raw_id_fields = ["user"]
+    readonly_fields = ["issuer", "subject", "created_at", "last_signed_in_at"]
+
+
+@admin.register(DirectoryResource)
+class DirectoryResourceAdmin(GuardedAdmin):
+    """The users and groups the company's directory provisioned (SCIM). Staff link a directory
+    user to an account it may not take over by itself (a staff member's): its user."""
+
+    list_display = ["resource_type", "resource_id", "user"]
+    list_filter = ["resource_type"]
+    search_fields = ["resource_id", "user__username"]
+    raw_id_fields = ["user"]
+    readonly_fields = ["resource_type", "resource_id", "payload"]
 
 
 @admin.register(Preferences)

@@ -858,7 +858,9 @@ def test_the_contract_is_settled_once_logged_by_layer_and_shown_in_the_api_and_o
     assert it.expires_at is not None and abs(deadline - it.expires_at) < timedelta(milliseconds=1)
 
     page = as_person(reviewer).get(f"/interrupts/{it.pk}/").content.decode()
-    assert "2 different people approving the same answer" in page and "any member of the team" in page
+    assert (
+        "2 different people approving the same answer" in page and "any approver or admin of the team" in page
+    )
     assert "may not approve it (separation of duties)" in page
     assert "then it expires and the run fails" in page
     assert "<strong>team policy</strong>: requester may approve: no" in page

@@ -234,6 +234,36 @@ def test_a_directory_made_account_is_the_one_its_person_signs_in_with(scim_key: 
     settings.GRUNDLAG_OIDC_ISSUER = "https://idp.example.com"
     backend = sso.SignInBackend()
     backend.request = RequestFactory().get("/oidc/callback/")
-    (found,) = backend.filter_users_by_claims({"sub": "00u1", "email": "alice@example.com"})
+    # A name a person may choose, or an email not verified, claims nothing...
+    for claims in (
+        {"sub": "00u9", "preferred_username": "alice@example.com"},
+        {"sub": "00u9", "email": "alice@example.com", "email_verified": False},
+    ):
+        assert not backend.filter_users_by_claims(claims).exists()
+    # ...their verified email does.
+    (found,) = backend.filter_users_by_claims(
+        {"sub": "00u1", "email": "alice@example.com", "email_verified": True}
+    )
     assert found.username == "alice@example.com" and found.sign_in_identity.subject == "00u1"
     assert User.objects.filter(username__startswith="alice").count() == 1
+
+
+def test_a_renamed_directory_user_keeps_the_username_assignments_name(team: Team, scim_key: str) -> None:
+    client = scim(scim_key)
+    user = {"schemas": ["urn:ietf:params:scim:schemas:core:2.0:User"], "userName": "kim"}
+    kim_id = post(client, "Users", user).json()["id"]
+    renamed = patch(client, f"Users/{kim_id}", {"op": "replace", "path": "userName", "value": "kim.lee"})
+    assert renamed.status_code in (200, 204), renamed.content
+    assert client.get(f"/scim/v2/Users/{kim_id}").json()["userName"] == "kim.lee"  # the directory's
+    assert User.objects.filter(username="kim").exists()  # here, as assignments name them
+
+
+def test_a_team_whose_members_come_from_the_directory_shows_them_to_read(team: Team) -> None:
+    SignInGroup.objects.create(group="finance", team=team, role=Role.APPROVER)
+    admin = User.objects.create_user("ada")
+    Membership.objects.create(team=team, user=admin, role=Role.ADMIN)
+    client = Client()
+    client.force_login(admin)
+    page = client.get("/teams/finance/").content.decode()
+    assert "come from the company's identity provider or directory" in page
+    assert "Add a member" not in page and "Remove" not in page

@@ -259,3 +259,23 @@ def test_tokens_made_before_scopes_keep_every_scope() -> None:
     finally:
         executor.loader.build_graph()
         executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+@pytest.mark.usefixtures("database")
+def test_a_teams_admins_neither_see_nor_revoke_the_directorys_token(team: Team) -> None:
+    admin = User.objects.create_user("ada")
+    Membership.objects.create(team=team, user=admin, role=Role.ADMIN)
+    directory, _ = ApiToken.issue(team, "dir-sync-token", [Scope.SCIM])
+    client = Client()
+    client.force_login(admin)
+    assert "dir-sync-token" not in client.get("/teams/finance/").content.decode()
+    refused = client.post(f"/teams/finance/tokens/{directory.pk}/revoke/")
+    assert (
+        refused.status_code == 403
+        and "Only staff revoke a token with the scim scope" in refused.content.decode()
+    )
+    directory.refresh_from_db()
+    assert directory.revoked_at is None
+    staff = Client()
+    staff.force_login(User.objects.create_user("root", is_staff=True))
+    assert "dir-sync-token" in staff.get("/teams/finance/").content.decode()

@@ -127,14 +127,11 @@ def _follow_user(row: DirectoryResource, previous: dict[str, Any]) -> None:
     if user is None:
         user = users.create_user(username)
         logger.info("directory: made user %s", username)
-    elif users.filter(username__iexact=username).exclude(pk=user.pk).exists():
-        raise InvalidInput(
-            f"userName {username!r} is another user's here",
-            [{"loc": ["userName"], "msg": "taken by another user", "type": "uniqueness"}],
-        )
+
     name = payload.get("name") or {}
     fields = {
-        "username": username,
+        # Kept as it was first: assignments, policies and rules name people by their username.
+        "username": user.username or username,
         "email": _primary_email(payload.get("emails") or []),
         "first_name": str(name.get("givenName") or "")[:150],
         "last_name": str(name.get("familyName") or "")[:150],

@@ -66,6 +66,10 @@ def revoke(token: ApiToken, by: Any) -> bool:
     """Revoke it from now on; False when it was revoked already."""
     if not may_manage(by, token.team):
         raise NotAllowed(why_not_manage(by, token.team, MANAGE_TOKENS))
+    if Scope.SCIM in token.scopes and by is not None and not by.is_staff:
+        raise NotAllowed(
+            "Only staff revoke a token with the scim scope: it provisions the whole site's people."
+        )
     was = token.revoked_at
     token.revoke()
     return was is None

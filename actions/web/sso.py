@@ -35,6 +35,7 @@ from django.contrib.auth.views import LoginView
 from django.core import signing
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -301,18 +302,25 @@ def _roles_of(claims: dict[str, Any]) -> tuple[dict[int, str], set[int]]:
 
 def _provisioned(claims: dict[str, Any]) -> Any:
     """The account the company's directory provisioned for this person (SCIM), not yet signed in
-    with: its externalId is their subject, or its userName their preferred username or email.
-    Never a staff member's (their accounts are linked by hand)."""
-    names = [str(claims[key]) for key in ("preferred_username", "email") if claims.get(key)]
+    with: its externalId is their subject; or, when it has none, its userName or email is their
+    email, which the provider says is verified (a name a person may choose, never). Never a staff
+    member's or a disabled one (those are linked by hand, in the admin)."""
     rows = DirectoryResource.objects.filter(
-        resource_type="User", user__isnull=False, user__sign_in_identity=None, user__is_staff=False
+        resource_type="User",
+        user__isnull=False,
+        user__sign_in_identity=None,
+        user__is_staff=False,
+        user__is_superuser=False,
+        user__is_active=True,
     ).select_related("user")
     for row in rows.filter(payload__externalId=claims["sub"])[:1]:
         return row.user
-    for name in names:
-        for row in rows.filter(user__username__iexact=name)[:1]:
-            return row.user
-    return None
+    email = str(claims.get("email") or "")
+    if not email or claims.get("email_verified") is not True:
+        return None
+    unclaimed = rows.filter(~Q(payload__has_key="externalId") | Q(payload__externalId=""))
+    found = list(unclaimed.filter(Q(user__username__iexact=email) | Q(user__email__iexact=email))[:2])
+    return found[0].user if len(found) == 1 else None  # two: whose, nobody can say
 
 
 def _open_sign_up(managed: set[int]) -> bool:
@@ -365,7 +373,27 @@ def _update_profile(user: Any, claims: dict[str, Any]) -> None:
         user.save(update_fields=list(fields))
 
 
-class SignIn(OIDCAuthenticationRequestView):
+class _FromDiscovery:
+    """The library's views, with the discovered endpoints, answering the sign-in page (503)
+    when the provider cannot be reached, and sending to it when single sign-on is off."""
+
+    @staticmethod
+    def get_settings(attr: str, *args: Any) -> Any:
+        return _setting(attr, *args)
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not enabled():
+            return redirect("login")
+        try:
+            return super().dispatch(request, *args, **kwargs)  # type: ignore[misc]
+        except ProviderUnavailable as exc:
+            logger.error("sign-in: %s", exc)
+            return login_page(
+                request, status=503, refused="the identity provider cannot be reached; try again later"
+            )
+
+
+class SignIn(_FromDiscovery, OIDCAuthenticationRequestView):
     """Off to the provider (with PKCE's challenge, a state and a nonce)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -379,39 +407,9 @@ class SignIn(OIDCAuthenticationRequestView):
     def OIDC_RP_CLIENT_ID(self) -> str:  # noqa: N802
         return str(settings.OIDC_RP_CLIENT_ID)
 
-    @staticmethod
-    def get_settings(attr: str, *args: Any) -> Any:
-        return _setting(attr, *args)
 
-    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if not enabled():
-            return redirect("login")
-        try:
-            return super().dispatch(request, *args, **kwargs)
-        except ProviderUnavailable as exc:
-            logger.error("sign-in: %s", exc)
-            return login_page(
-                request, status=503, refused="the identity provider cannot be reached; try again later"
-            )
-
-
-class Callback(OIDCAuthenticationCallbackView):
+class Callback(_FromDiscovery, OIDCAuthenticationCallbackView):
     """Back from the provider: signed in, or the sign-in page saying why not."""
-
-    @staticmethod
-    def get_settings(attr: str, *args: Any) -> Any:
-        return _setting(attr, *args)
-
-    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if not enabled():
-            return redirect("login")
-        try:
-            return super().dispatch(request, *args, **kwargs)
-        except ProviderUnavailable as exc:
-            logger.error("sign-in: %s", exc)
-            return login_page(
-                request, status=503, refused="the identity provider cannot be reached; try again later"
-            )
 
     def get(self, request: HttpRequest) -> HttpResponse:
         # An error for no sign-in of this browser's (a link anyone can make): the library would

@@ -46,12 +46,20 @@ def _page(
         "may_manage": may_manage,
         "error": error,
         # The tokens are the admins' to see: their names and scopes say what the team automates.
-        "tokens": ApiToken.objects.filter(team=team).order_by("-created_at") if may_manage else [],
+        "tokens": _tokens(request, team) if may_manage else [],
+        # A team whose members come from the identity provider or the directory: read only here.
+        "from_provider": engine.members.from_provider(team),
         "scopes": Scope.choices,
         "now": timezone.now(),
         **extra,
     }
     return render(request, "actions/team.html", context, status=status)
+
+
+def _tokens(request: AuthenticatedRequest, team: Team) -> Any:
+    tokens = ApiToken.objects.filter(team=team).order_by("-created_at")
+    # The directory's (scim) tokens are staff's, whichever team they were made in.
+    return [token for token in tokens if request.user.is_staff or Scope.SCIM not in token.scopes]
 
 
 @login_required
