@@ -369,6 +369,40 @@ def test_another_teams_token_finds_no_task_and_no_token_is_refused(site: Site) -
     assert unauthenticated.headers["WWW-Authenticate"].startswith("Bearer")
 
 
+@pytest.mark.parametrize("setup", ["embedded", "scaled"])
+def test_a_token_calls_the_teams_tools_only_with_the_mcp_scope(
+    setup: str, request: pytest.FixtureRequest
+) -> None:
+    """On SQLite (`make run`'s server) and on PostgreSQL (a web process of the scaled setup): a
+    token without the mcp scope is refused before anything runs, one with it alone lists and
+    calls the team's tools through the official SDK."""
+    site: Site = request.getfixturevalue("site" if setup == "embedded" else "scaled_site")
+    web = site.serve() if setup == "embedded" else site.web()
+
+    def token(*scopes: str) -> str:
+        made = site.manage(
+            "create_api_token", "demo", "--name", f"t-{'-'.join(scopes)}", "--scope", ",".join(scopes)
+        )
+        return made.strip().splitlines()[-1]
+
+    refused = httpx.post(
+        mcp_url(web),
+        json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+        headers={
+            "Accept": "application/json, text/event-stream",
+            "Authorization": f"Bearer {token('runs:write')}",
+        },
+    )
+    assert refused.status_code == 403 and refused.json()["error"] == "insufficient_scope"
+    assert 'scope="mcp"' in refused.headers["WWW-Authenticate"]
+
+    async def tools() -> list[str]:
+        async with legacy(web, token("mcp")) as (session, _):
+            return [tool.name for tool in (await session.list_tools()).tools]
+
+    assert "send_invoice" in asyncio.run(tools())
+
+
 def test_in_the_scaled_setup_any_web_process_answers_for_a_task(scaled_site: Site) -> None:
     """PostgreSQL, Redis, a Celery worker and two daphne processes: a task made through one is
     answered by the other, and once the first is gone too."""
