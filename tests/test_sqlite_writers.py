@@ -391,3 +391,24 @@ def test_the_methods_the_backend_overrides_are_still_what_django_wrote() -> None
         assert hashlib.sha256(source.encode()).hexdigest()[:16] == digest, (
             f"Django changed DatabaseWrapper.{name}: check grundlag_site/db/sqlite3/base.py against it"
         )
+
+
+def test_statements_are_converted_to_sqlites_placeholders_as_django_does_once_per_text() -> None:
+    from django.db.backends.sqlite3.base import SQLiteCursorWrapper
+
+    raw = sqlite3.connect(":memory:")
+    ours, djangos = raw.cursor(factory=base._CursorWrapper), raw.cursor(factory=SQLiteCursorWrapper)
+    for query in (
+        "SELECT 1 FROM t WHERE a = %s AND b = %s",
+        "SELECT '100%%' WHERE c LIKE %s ESCAPE '\\'",
+        "UPDATE t SET n = n + 1",
+        "SELECT %%s, %s",
+    ):
+        assert ours.convert_query(query) == djangos.convert_query(query), query
+    # Named parameters ("pyformat") are Django's own conversion.
+    assert ours.convert_query("SELECT %(a)s", param_names=["a"]) == "SELECT :a"
+    raw.close()
+    base._qmark.cache_clear()
+    for _ in range(3):
+        base._qmark("SELECT %s")
+    assert base._qmark.cache_info().hits == 2

@@ -24,6 +24,7 @@ the same database file takes it (``_Idle``)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sqlite3
 import threading
@@ -128,9 +129,27 @@ def yield_to_others() -> None:
     _polite = True
 
 
+@functools.lru_cache(maxsize=1024)
+def _qmark(query: str) -> str:
+    """Django's "format" style as SQLite's "qmark" (SQLiteCursorWrapper.convert_query), once per
+    text: a site runs the same few hundred statements over and over, and the regular expression
+    cost about as much as SQLite took to run a small one."""
+    return str(base.FORMAT_QMARK_REGEX.sub("?", query).replace("%%", "%"))
+
+
+class _CursorWrapper(base.SQLiteCursorWrapper):
+    def convert_query(self, query: str, *, param_names: Any = None) -> str:
+        if param_names is None:
+            return _qmark(query)
+        return str(super().convert_query(query, param_names=param_names))
+
+
 class DatabaseWrapper(base.DatabaseWrapper):
     _holds_writer = False
     _began = 0.0
+
+    def create_cursor(self, name: str | None = None) -> Any:
+        return self.connection.cursor(factory=_CursorWrapper)
 
     def _idle_key(self, conn_params: dict[str, Any]) -> tuple[Any, ...]:
         # What a new connection is opened with, and what is run on it as it opens.
