@@ -28,7 +28,7 @@ from django.db.models import Q
 from actions.engine import store
 from actions.engine.errors import InvalidInput
 from actions.engine.journal import atomic
-from actions.engine.members import from_groups, roles_for
+from actions.engine.members import from_groups, roles_for, sign_in_groups
 from actions.models import DirectoryResource
 
 logger = logging.getLogger(__name__)
@@ -201,7 +201,8 @@ def _refresh_groups(user_ids: set[str]) -> None:
     linked = DirectoryResource.objects.filter(
         Q(resource_type=USER), Q(resource_id__in=list(user_ids)), ~Q(user=None)
     ).select_related("user")
+    mapping = sign_in_groups()
     for row in linked:
-        roles, managed = roles_for(names_of.get(row.resource_id, set()))
+        roles, managed = roles_for(names_of.get(row.resource_id, set()), mapping)
         if row.user is not None:
             from_groups(row.user, roles if row.user.is_active else {}, managed, via="the directory")

@@ -127,14 +127,22 @@ def remove(team: Team, user: Any, by: Any) -> MemberChange:
     return _change(team, user, None, by)
 
 
-def roles_for(groups: Collection[str]) -> tuple[dict[int, str], set[int]]:
+Mapping = list[tuple[str, int, str]]  # the admin's sign-in groups: (group, team id, role)
+
+
+def sign_in_groups() -> Mapping:
+    return list(SignInGroup.objects.values_list("group", "team_id", "role"))
+
+
+def roles_for(groups: Collection[str], mapping: Mapping | None = None) -> tuple[dict[int, str], set[int]]:
     """What these groups of the company's (a sign-in's groups claim, the directory's groups)
     make a person (team id -> the strongest role any gives), and the teams whose members the
-    company manages (those with a sign-in group)."""
+    company manages (those with a sign-in group). ``mapping``: sign_in_groups(), read once for
+    several people."""
     wanted = set(groups)
     roles: dict[int, str] = {}
     managed: set[int] = set()
-    for group, team_id, role in SignInGroup.objects.values_list("group", "team_id", "role"):
+    for group, team_id, role in sign_in_groups() if mapping is None else mapping:
         managed.add(team_id)
         if group in wanted:
             current = roles.get(team_id)

@@ -283,10 +283,6 @@ class SignInBackend(OIDCAuthenticationBackend):
         SignInIdentity.objects.filter(user=user).update(last_signed_in_at=timezone.now())
         return user
 
-    def get_or_create_user(self, access_token: str, id_token: str, payload: dict[str, Any]) -> Any:
-        # The library turns a refusal of ours into a bare failure: it is said instead.
-        return super().get_or_create_user(access_token, id_token, payload)
-
 
 def _groups(claims: dict[str, Any]) -> list[str]:
     value = claims.get(settings.GRUNDLAG_OIDC_GROUPS_CLAIM) or []

@@ -72,11 +72,9 @@ def team(request: AuthenticatedRequest, slug: str) -> HttpResponse:
 def set_member(request: AuthenticatedRequest, slug: str) -> HttpResponse:
     """Add a member in a role, or change a member's role (the form names them by username)."""
     team = _team_for(request, slug)
+    # Before the username is looked up: who is not the team's admin learns nothing of who exists.
     if not engine.members.may_manage(request.user, team):
         return _page(request, team, status=403, error=engine.members.why_not_manage(request.user, team))
-    if engine.members.from_provider(team):
-        error = f"The members of {team} come from the identity provider's groups: change them there."
-        return _page(request, team, status=403, error=error)
     users = get_user_model()
     name = request.POST.get("username", "").strip()
     user = users.objects.filter(**{users.USERNAME_FIELD: name}).first() if name else None
