@@ -19,6 +19,7 @@ class ActionsConfig(AppConfig):
         from actions import metrics, notify, tracing
         from actions.drivers.agent import AgentDriver
         from actions.drivers.approval import ApprovalDriver
+        from actions.drivers.gateway import GatewayDriver
         from actions.drivers.sandbox import SandboxDriver
         from actions.engine import audit, driving, journal, members
         from actions.live import push as live
@@ -30,6 +31,7 @@ class ActionsConfig(AppConfig):
         driving.register(Run.Consumer.AGENT, AgentDriver())
         driving.register(Run.Consumer.SANDBOX, SandboxDriver())
         driving.register(Run.Consumer.APPROVAL, ApprovalDriver())
+        driving.register(Run.Consumer.GATEWAY, GatewayDriver())
         # The engine announces what changed, once it is committed; open pages hear of it.
         journal.team_changed.connect(live.on_team_changed, dispatch_uid="live-team")
         journal.run_changed.connect(live.on_run_changed, dispatch_uid="live-run")

@@ -111,10 +111,13 @@ def generated_secret_key() -> str:
 # are bound to it. Unset, a random key is made once in GRUNDLAG_VAR_DIR/secret_key (with DEBUG, a
 # fixed development key, public in this source: never run with DEBUG where others can reach the
 # site unless SECRET_KEY is set). Every machine of one site must share it; changing it signs
-# everyone out and voids the links already mailed.
+# everyone out and voids the links already mailed, unless the old key is kept, comma-separated, in
+# SECRET_KEY_FALLBACKS: then those still verify, and what the site keeps sealed with it (an MCP
+# upstream's credentials, the receipts' keys) still opens.
 SECRET_KEY = os.getenv("SECRET_KEY", "")
 if not SECRET_KEY:
     SECRET_KEY = "insecure-development-key-do-not-use-in-production" if DEBUG else generated_secret_key()
+SECRET_KEY_FALLBACKS = envlist("SECRET_KEY_FALLBACKS", "")
 
 # Django's ALLOWED_HOSTS: the host names the site answers to, comma-separated (another gets 400).
 # By default this machine's (127.0.0.1, localhost) and Django's test client's (testserver): set the
@@ -527,6 +530,14 @@ GRUNDLAG_WAIT_POLL_SECONDS = envfloat("GRUNDLAG_WAIT_POLL_SECONDS", "1.0", minim
 # An MCP tool call without a task waits this long for its run to finish, then answers that it
 # is pending, with its link (actions.mcp).
 GRUNDLAG_MCP_WAIT_SECONDS = envfloat("GRUNDLAG_MCP_WAIT_SECONDS", "25", minimum=0)
+# The MCP gateway (actions.drivers.gateway): an upstream's tools/list is served from what it
+# last said for this long, then asked again (sooner when it says its list changed); one call to
+# it may take this long (connecting, and its answer) before it counts as failed.
+GRUNDLAG_GATEWAY_TOOLS_SECONDS = envint("GRUNDLAG_GATEWAY_TOOLS_SECONDS", "300", minimum=0)
+GRUNDLAG_GATEWAY_CALL_SECONDS = envfloat("GRUNDLAG_GATEWAY_CALL_SECONDS", "60", minimum=1)
+# Approval receipts (actions.engine.receipts): how long a receipt is good for after its decision.
+# A key retired by `manage.py receipt_keys rotate` stays in /.well-known/jwks.json this long.
+GRUNDLAG_RECEIPT_SECONDS = envint("GRUNDLAG_RECEIPT_SECONDS", "3600", minimum=60)
 # Production's view (actions.metrics). /metrics answers only a bearer of this token (it is off,
 # 404, without one); /healthz and /readyz are open and say nothing but up / ready.
 GRUNDLAG_METRICS_TOKEN = os.getenv("GRUNDLAG_METRICS_TOKEN", "")

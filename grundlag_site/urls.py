@@ -6,7 +6,7 @@ from django.views.generic import RedirectView
 
 from actions import scim
 from actions.api import api
-from actions.web import health, sso
+from actions.web import health, receipts, sso
 
 urlpatterns = [
     path("", include("actions.web.urls")),
@@ -23,6 +23,7 @@ urlpatterns = [
     # SCIM 2.0: the company's directory provisions users and groups (actions.scim).
     path("scim/v2", scim.endpoint),
     path("scim/v2/<path:path>", scim.endpoint),
+    path(".well-known/jwks.json", receipts.jwks, name="jwks"),
     path("healthz", health.healthz, name="healthz"),  # under ASGI, answered before Django
     path("readyz", health.readyz, name="readyz"),
     path("metrics", health.metrics, name="metrics"),

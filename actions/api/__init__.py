@@ -11,7 +11,7 @@ from typing import Any
 
 from django.http import HttpRequest, JsonResponse
 
-from actions.api import agents, approvals, errors, runs, webhooks
+from actions.api import agents, approvals, errors, gateway, runs, webhooks
 from actions.api.base import Api, TokenAuth
 from actions.live import waiting
 
@@ -26,7 +26,7 @@ api = Api(
 )
 errors.register(api)
 # One router per resource; the paths are the routers' own.
-for resource in (runs, agents, approvals, webhooks):
+for resource in (runs, agents, approvals, webhooks, gateway):
     api.add_router("", resource.router)
 
 

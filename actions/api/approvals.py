@@ -80,6 +80,12 @@ class ApprovalRequestOut(Schema):
     assignees: list[str]
     answer_schema: dict[str, Any] | None
     url: str = Field(description="The approval on the dashboard")
+    receipt: str | None = Field(
+        default=None,
+        description="Once approved: the decision as a signed receipt (a compact JWS, EdDSA over Ed25519), "
+        "checked against /.well-known/jwks.json; its arguments are the question "
+        "(message, data, answer_schema)",
+    )
 
 
 def approval_status(run: Run, it: Interrupt | None) -> str:
@@ -118,6 +124,9 @@ def approval_out(request: HttpRequest, run: Run) -> dict[str, Any]:
         "assignees": assignees,
         "answer_schema": asked.get("answer_schema"),
         "url": request.build_absolute_uri(run.get_absolute_url()),
+        "receipt": engine.receipts.receipt_for(it, run)
+        if it is not None and run.status == Run.Status.COMPLETED
+        else None,
     }
 
 

@@ -27,7 +27,7 @@ From the top (pyproject.toml's import-linter contract holds the order):
 
 from __future__ import annotations
 
-from actions.engine import directory, idempotency, members, tokens
+from actions.engine import directory, gateway, idempotency, members, outbound, receipts, sealed, tokens
 from actions.engine.comments import comment, may_comment
 from actions.engine.deadlines import apply_policies
 from actions.engine.decisions import (
@@ -121,6 +121,10 @@ __all__ = [
     "compile_condition",
     "counted_approvals",
     "directory",
+    "gateway",
+    "outbound",
+    "receipts",
+    "sealed",
     "dry_run",
     "effective_policy",
     "end_away",

@@ -185,10 +185,9 @@ def _decide(
         counted_detail: dict[str, Any] = {}
         counted, restarted = 0, ()
         if status == Interrupt.Status.APPROVED and current.approvals_required > 1 and not policy:
-            agreed, counted, restarted = _count_approval(run, current, by, answer)
-            if agreed is None:
+            complete, counted, restarted = _count_approval(run, current, by, answer)
+            if not complete:
                 return Decided(current, counted, restarted)
-            answer = agreed
             counted_detail = {"approvals": current.approvals_required, "of": current.approvals_required}
             if restarted:
                 counted_detail.update(restarted=True, superseded=list(restarted))
@@ -273,10 +272,10 @@ def agreement_key(action_name: str, answer: Any) -> str:
 
 def _count_approval(
     run: Run, interrupt: Interrupt, by: Actor, answer: Any
-) -> tuple[Any | None, int, tuple[str, ...]]:
-    """Record one of N required approvals. Returns the answer to resume with when this one
-    completes N approvals of the same answer (else None), how many count now, and whose
-    approvals of another answer it set aside.
+) -> tuple[bool, int, tuple[str, ...]]:
+    """Record one of N required approvals. Returns whether this one completes N approvals of
+    the same answer (its own: the run resumes with it; a null answer counts like any other), how
+    many count now, and whose approvals of another answer it set aside.
 
     N approvals count towards one answer: an approval whose answer differs from the ones
     counted so far supersedes them (they stay, for the transcript) and the count starts again
@@ -301,7 +300,7 @@ def _count_approval(
     Approval.objects.create(interrupt=interrupt, user=user, answer=answer)
     count = len(counted) + 1
     if count >= interrupt.approvals_required:
-        return answer, count, tuple(superseded)
+        return True, count, tuple(superseded)
     detail: dict[str, Any] = {
         "seq": interrupt.seq,
         "approvals": count,
@@ -314,7 +313,7 @@ def _count_approval(
         detail["superseded"] = superseded
     log(run, RunEvent.Kind.APPROVED, by, interrupt, **detail)
     inbox_changed("approval", interrupt, before=interrupt.team_ids, after=interrupt.team_ids)
-    return None, count, tuple(superseded)
+    return False, count, tuple(superseded)
 
 
 def resume_if_nothing_pending(run: Run, interrupt: Interrupt) -> None:
@@ -414,14 +413,21 @@ def validate_edit(interrupt: Interrupt, arguments: Any) -> tuple[Any, Any] | Non
     edit changes nothing. InvalidInput when the call cannot be edited or the edit does not fit
     the tool's input schema."""
     check_size("the arguments", arguments)
-    proposed = proposed_arguments(interrupt)
+    run = Run.objects.only("consumer", "driver_state", "action").get(pk=interrupt.run_id)
+    proposed = proposed_arguments(interrupt, run)
     act = registry.find(interrupt.action)
-    if proposed is None or act is None:
+    schema = driver_for(run.consumer).arguments_schema(run) if act is None else None
+    if proposed is None or (act is None and schema is None):
         raise InvalidInput(
-            "only an agent's pending tool call, at its first pause and decided by one person, can be"
-            " approved with edited arguments",
+            "only a pending tool call (an agent's, or one through the MCP gateway), at its first"
+            " pause and decided by one person, can be approved with edited arguments",
             [],
         )
+    if act is None:
+        # A tool of an upstream MCP server's: its own input schema says what fits.
+        if errors := schema_errors(schema or {}, arguments):
+            raise InvalidInput("the arguments do not fit the tool's input schema", errors)
+        return None if arguments == proposed else (proposed, arguments)
     try:
         edited = act.input_model.model_validate(arguments).model_dump(mode="json")
     except ValidationError as exc:

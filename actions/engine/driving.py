@@ -158,6 +158,11 @@ class Driver:
         them before approving (an agent's tool call); None when its calls cannot be edited."""
         return None
 
+    def arguments_schema(self, run: Run) -> dict[str, Any] | None:
+        """The JSON Schema an edit of a call of ``run`` must fit, for a driver whose calls are
+        not registered actions (a tool of an upstream MCP server); None: the action's."""
+        return None
+
 
 class ActionDriver(Driver):
     """The plain-action driver: a run of one registered action, from the API or the dashboard.

@@ -7,6 +7,7 @@ import asyncio
 import contextvars
 import json
 import logging
+import re
 from typing import Any
 from urllib.parse import urlparse
 
@@ -130,6 +131,16 @@ class Endpoint:
             challenge = b'Bearer error="insufficient_scope", scope="mcp"'
             await _respond(send, 403, body, [(b"www-authenticate", challenge)])
             return
+        upstream = None
+        if (name := scope.get("grundlag.upstream_name")) is not None:
+            upstream = await off_the_loop(engine.gateway.for_token)(token, name)
+            if upstream is None:  # no such upstream, or another team's: the same answer
+                body = {
+                    "error": "not_found",
+                    "error_description": f"This team has no MCP upstream named {name}",
+                }
+                await _respond(send, 404, body, [])
+                return
         if scope["method"] == "GET":
             # Stateless: there is no stream for the server's own messages to offer.
             await _respond(send, 405, {"error": "method_not_allowed"}, [(b"allow", b"POST")])
@@ -144,7 +155,9 @@ class Endpoint:
             # As Django does for each request: the request's database work in a thread of its
             # own, not queued behind every other MCP call and websocket of the process.
             async with ThreadSensitiveContext():
-                await manager.handle_request({**scope, "grundlag.token": token}, receive, send)
+                await manager.handle_request(
+                    {**scope, "grundlag.token": token, "grundlag.upstream": upstream}, receive, send
+                )
         finally:
             caller_token.reset(reset)
 
@@ -152,13 +165,19 @@ class Endpoint:
 endpoint = Endpoint(build_server())
 
 
+_GATEWAY = re.compile(r"^/mcp/gateway/([a-z0-9-]{1,50})/?$")
+
+
 def mount(app: Any, path: str = "/mcp") -> Any:
-    """``app`` with /mcp and /mcp/ answered by the MCP endpoint (neither redirects: an MCP
-    client follows no redirect of a POST)."""
+    """``app`` with /mcp and /mcp/ answered by the MCP endpoint, and /mcp/gateway/<name>/ by the
+    gateway to the team's upstream of that name (none redirects: an MCP client follows no
+    redirect of a POST)."""
 
     async def route(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"].rstrip("/") == path:
             await endpoint(scope, receive, send)
+        elif scope["type"] == "http" and (match := _GATEWAY.match(scope["path"])):
+            await endpoint({**scope, "grundlag.upstream_name": match.group(1)}, receive, send)
         else:
             await app(scope, receive, send)
 

@@ -23,7 +23,7 @@ from mcp_types import (
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from actions.models import ApiToken, Interrupt, Run
+from actions.models import ApiToken, Interrupt, McpUpstream, Run
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,17 @@ def token_of(ctx: ServerRequestContext[Any, Any]) -> ApiToken:
     if not isinstance(token, ApiToken):
         raise MCPError(code=INVALID_PARAMS, message="Not authenticated")
     return token
+
+
+def upstream_of(ctx: ServerRequestContext[Any, Any]) -> McpUpstream | None:
+    """The upstream MCP server the request is for, at /mcp/gateway/<name>/; None at /mcp/."""
+    upstream = ctx.request.scope.get("grundlag.upstream") if ctx.request is not None else None
+    return upstream if isinstance(upstream, McpUpstream) else None
+
+
+def consumer_of(ctx: ServerRequestContext[Any, Any]) -> str:
+    """The runs this endpoint's tasks are: the team's actions' (/mcp/), or its gateway's."""
+    return Run.Consumer.GATEWAY if upstream_of(ctx) is not None else Run.Consumer.MCP
 
 
 def modern(ctx: ServerRequestContext[Any, Any]) -> bool:
@@ -117,6 +128,9 @@ def finished_result(run: Run) -> types.CallToolResult:
     """The tool's result once the run has finished: its output, or why it has none (a
     rejection, a failure, a cancel: isError, for the model to see)."""
     about = {"run_id": run.pk, "status": run.status, "url": run_url(run)}
+    if run.status == Run.Status.COMPLETED and run.consumer == Run.Consumer.GATEWAY:
+        # The upstream's own result, as it gave it (its isError too).
+        return types.CallToolResult.model_validate(run.output, by_name=False)
     if run.status == Run.Status.COMPLETED:
         return text_result(json.dumps(run.output), {**about, "output": run.output})
     what = {

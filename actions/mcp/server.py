@@ -1,5 +1,6 @@
-"""The MCP server: tools/list and tools/call over the team's actions, and the tasks of both
-protocol revisions, each answered from the database."""
+"""The MCP server: tools/list and tools/call over the team's actions (/mcp/) or over the tools of
+one of its upstream MCP servers (/mcp/gateway/<name>/, actions.drivers.gateway), and the tasks of
+both protocol revisions, each answered from the database."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import logging
 from typing import Any
 
 import mcp_types as types
+from asgiref.sync import async_to_sync
 from django.conf import settings
+from django.utils import timezone
 from mcp.server import Server, ServerRequestContext
 from mcp.server.context import CallNext, HandlerResult
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
+    INTERNAL_ERROR,
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
     MISSING_REQUIRED_CLIENT_CAPABILITY,
@@ -22,6 +26,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from actions import engine
 from actions.core import describe_errors, registry
+from actions.drivers import gateway as gateway_driver
 from actions.live import waiting
 from actions.mcp.results import (
     IMMEDIATE_RESPONSE,
@@ -41,8 +46,9 @@ from actions.mcp.results import (
     takes_tasks,
     text_result,
     token_of,
+    upstream_of,
 )
-from actions.models import ApiToken, Interrupt, Run
+from actions.models import ApiToken, Interrupt, McpUpstream, Run
 from actions.reads import history
 
 logger = logging.getLogger(__name__)
@@ -51,9 +57,15 @@ logger = logging.getLogger(__name__)
 
 
 @off_the_loop
-def _start(token: ApiToken, name: str, arguments: dict[str, Any]) -> Run | types.CallToolResult:
-    """Start the tool's run; a call that cannot start is the model's to correct: isError."""
+def _start(
+    token: ApiToken, name: str, arguments: dict[str, Any], upstream: McpUpstream | None = None
+) -> Run | types.CallToolResult:
+    """Start the tool's run (through the gateway: join the same call's, when the host sends it
+    again before it has its result); a call that cannot start is the model's to correct:
+    isError."""
     try:
+        if upstream is not None:
+            return engine.gateway.start_call(token, upstream, name, arguments)[0]
         return engine.start_run(name, arguments, token.team, token, Run.Consumer.MCP)
     except engine.InvalidInput as exc:
         errors = describe_errors(exc.errors)
@@ -70,11 +82,51 @@ def _waiting_on(run: Run) -> Interrupt | None:
 
 
 @off_the_loop
-def _owned(token: ApiToken, task: str) -> Run | None:
+def _owned(token: ApiToken, task: str, upstream: McpUpstream | None) -> Run | None:
     run_id = run_id_of(task)
     if run_id is None:
         return None
-    return Run.objects.filter(pk=run_id, team=token.team_id, consumer=Run.Consumer.MCP).first()
+    runs = Run.objects.filter(pk=run_id, team=token.team_id)
+    if upstream is None:
+        return runs.filter(consumer=Run.Consumer.MCP).first()
+    return runs.filter(consumer=Run.Consumer.GATEWAY, gateway_call__upstream=upstream).first()
+
+
+@off_the_loop
+def _delivered(run: Run) -> None:
+    """A gateway call's final result is on its way to the host: the same call sent again after
+    this is a new one (before it, a retry, which joins this)."""
+    if run.consumer == Run.Consumer.GATEWAY and run.is_finished:
+        engine.gateway.delivered(run.pk)
+
+
+async def _finished(run: Run) -> types.CallToolResult:
+    await _delivered(run)
+    return finished_result(run)
+
+
+@off_the_loop
+def _upstream_tools(upstream: McpUpstream) -> list[dict[str, Any]]:
+    """The upstream's tools: as it last listed them, asked again when that is older than
+    GRUNDLAG_GATEWAY_TOOLS_SECONDS (or it said its list changed). An upstream that cannot be
+    asked is served from what it last said, if it ever said anything."""
+    upstream.refresh_from_db(fields=["tools", "tools_fetched_at", "tools_error"])
+    age = (timezone.now() - upstream.tools_fetched_at).total_seconds() if upstream.tools_fetched_at else None
+    if age is not None and age < settings.GRUNDLAG_GATEWAY_TOOLS_SECONDS:
+        return list(upstream.tools)
+    try:
+        tools = async_to_sync(gateway_driver.list_tools)(upstream)
+    except gateway_driver.UpstreamFailed as exc:
+        engine.gateway.record_tools(upstream.pk, None, str(exc))
+        if upstream.tools_fetched_at is None and not upstream.tools:
+            raise MCPError(
+                code=INTERNAL_ERROR,
+                message=f"The upstream MCP server {upstream.name} could not be asked: {exc}",
+            ) from None
+        return list(upstream.tools)
+    engine.gateway.record_tools(upstream.pk, tools)
+    upstream.tools = tools
+    return tools
 
 
 @off_the_loop
@@ -88,8 +140,12 @@ def _cancel(run: Run, token: ApiToken) -> Run:
 
 
 @off_the_loop
-def _tasks_page(token: ApiToken, cursor: str) -> tuple[list[Run], str]:
-    runs = Run.objects.filter(team=token.team_id, consumer=Run.Consumer.MCP).defer("input", "driver_state")
+def _tasks_page(token: ApiToken, cursor: str, upstream: McpUpstream | None) -> tuple[list[Run], str]:
+    runs = Run.objects.filter(team=token.team_id).defer("input", "driver_state")
+    if upstream is None:
+        runs = runs.filter(consumer=Run.Consumer.MCP)
+    else:
+        runs = runs.filter(consumer=Run.Consumer.GATEWAY, gateway_call__upstream=upstream)
     return history.page(runs, cursor, TASKS_PAGE)
 
 
@@ -109,18 +165,26 @@ async def list_tools(
     ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
 ) -> types.ListToolsResult:
     token_of(ctx)
-    tools = []
-    for act in registry.all():
-        tool = types.Tool(name=act.name, description=act.description, input_schema=act.input_schema())
+    if (upstream := upstream_of(ctx)) is not None:
+        tools = [types.Tool.model_validate(tool, by_name=False) for tool in await _upstream_tools(upstream)]
+    else:
+        tools = [
+            types.Tool(name=act.name, description=act.description, input_schema=act.input_schema())
+            for act in registry.all()
+        ]
+    for tool in tools:
         if ctx.protocol_version == LEGACY_TASKS:
-            # Any action may pause: a client may ask for a task, or wait for the result.
+            # Any call may pause: a client may ask for a task, or wait for the result.
             tool.execution = types.ToolExecution(task_support="optional")
-        tools.append(tool)
     return types.ListToolsResult(tools=tools)
 
 
-def _tool(params: types.CallToolRequestParams) -> str:
-    if registry.find(params.name) is None:
+async def _tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams) -> str:
+    if (upstream := upstream_of(ctx)) is not None:
+        known = any(tool.get("name") == params.name for tool in await _upstream_tools(upstream))
+    else:
+        known = registry.find(params.name) is not None
+    if not known:
         raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {params.name}")
     return params.name
 
@@ -131,12 +195,12 @@ async def call_tool(
 ) -> types.CallToolResult:
     """A call without a task: wait for the run to finish, up to GRUNDLAG_MCP_WAIT_SECONDS."""
     token = token_of(ctx)
-    started = await _start(token, _tool(params), params.arguments or {})
+    started = await _start(token, await _tool(ctx, params), params.arguments or {}, upstream_of(ctx))
     if isinstance(started, types.CallToolResult):
         return started
     run, _ = await _wait(token, started, settings.GRUNDLAG_MCP_WAIT_SECONDS)
     if run.is_finished:
-        return finished_result(run)
+        return await _finished(run)
     return pending_result(run, await _waiting_on(run))
 
 
@@ -165,7 +229,7 @@ class TasksMiddleware:
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> HandlerResult:
         token = token_of(ctx)
-        started = await _start(token, _tool(params), params.arguments or {})
+        started = await _start(token, await _tool(ctx, params), params.arguments or {}, upstream_of(ctx))
         if isinstance(started, types.CallToolResult):
             if modern(ctx):
                 return started.model_dump(by_alias=True, mode="json", exclude_none=True)
@@ -190,7 +254,7 @@ async def _task_run(ctx: ServerRequestContext[Any, Any], task: str) -> tuple[Api
             data={"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}},
         )
     token = token_of(ctx)
-    run = await _owned(token, task)
+    run = await _owned(token, task, upstream_of(ctx))
     if run is None:  # no such task, or another team's: the same answer
         raise MCPError(code=INVALID_PARAMS, message="Failed to retrieve task: Task not found")
     return token, run
@@ -202,7 +266,10 @@ async def tasks_get(
 ) -> dict[str, Any]:
     _, run = await _task_run(ctx, params.task_id)
     waiting_on = await _waiting_on(run)
-    return modern_task(run, waiting_on) if modern(ctx) else legacy_task(run, waiting_on)
+    if modern(ctx):
+        await _delivered(run)  # the extension's task carries its result
+        return modern_task(run, waiting_on)
+    return legacy_task(run, waiting_on)
 
 
 @guarded
@@ -232,8 +299,8 @@ async def tasks_result(
             message=f"Task still working ({why}): call tasks/result again, or poll tasks/get",
             data={"task": legacy_task(run, await _waiting_on(run))},
         )
-    result = finished_result(run).model_dump(by_alias=True, mode="json", exclude_none=True)
-    result["_meta"] = {RELATED_TASK: {"taskId": params.task_id}}
+    result = (await _finished(run)).model_dump(by_alias=True, mode="json", exclude_none=True)
+    result["_meta"] = {**result.get("_meta", {}), RELATED_TASK: {"taskId": params.task_id}}
     return result
 
 
@@ -258,7 +325,9 @@ async def tasks_list(
     """2025-11-25: the team's tasks (its runs started through MCP), newest first."""
     if modern(ctx):
         raise MCPError(code=METHOD_NOT_FOUND, message="Method not found", data="tasks/list")
-    runs, cursor = await _tasks_page(token_of(ctx), (params.cursor if params else None) or "")
+    runs, cursor = await _tasks_page(
+        token_of(ctx), (params.cursor if params else None) or "", upstream_of(ctx)
+    )
     listed: dict[str, Any] = {"tasks": [legacy_task(run) for run in runs]}
     if cursor:
         listed["nextCursor"] = cursor

@@ -18,6 +18,12 @@ from actions.models.base import (
     JSONField,
     where_set,
 )
+from actions.models.gateway import (
+    UPSTREAM_NAME,
+    GatewayCall,
+    McpUpstream,
+    ReceiptKey,
+)
 from actions.models.notify import (
     PERSON_EVENTS,
     DeliveryAttempt,
@@ -86,6 +92,7 @@ __all__ = [
     "Delegation",
     "DeliveryAttempt",
     "Fanout",
+    "GatewayCall",
     "GENESIS",
     "Grant",
     "hash_token",
@@ -93,10 +100,12 @@ __all__ = [
     "InboxStream",
     "Interrupt",
     "JSONField",
+    "McpUpstream",
     "Notification",
     "PERSON_EVENTS",
     "Policy",
     "Preferences",
+    "ReceiptKey",
     "Run",
     "RunEvent",
     "RunEventQuerySet",
@@ -105,6 +114,7 @@ __all__ = [
     "TeamChannels",
     "TeamRule",
     "TOO_DEEP",
+    "UPSTREAM_NAME",
     "Webhook",
     "webhook_secret",
     "WebhookEvent",

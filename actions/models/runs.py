@@ -36,6 +36,9 @@ class Run(models.Model):
         APPROVAL = "approval"
         # A tool call of an agent host, through the MCP endpoint (actions.mcp): a plain action's run.
         MCP = "mcp"
+        # A tool call of an agent host to a team's upstream MCP server, through the gateway
+        # (actions.drivers.gateway): decided like any pause, then made once.
+        GATEWAY = "gateway"
 
     SETTLED = (
         Status.INTERRUPTED,

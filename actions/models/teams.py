@@ -204,7 +204,8 @@ class Scope(models.TextChoices):
     INTERRUPTS_DECIDE = "interrupts:decide", "approve and reject the team's interrupts"
     HISTORY_READ = "history:read", "read the team's decided history"
     WEBHOOKS_WRITE = "webhooks:write", "add, list and remove the team's webhooks"
-    MCP = "mcp", "call the team's actions as MCP tools"
+    MCP = "mcp", "call the team's actions, and its MCP gateway's tools, as MCP tools"
+    GATEWAY_WRITE = "gateway:write", "register, list and remove the team's upstream MCP servers"
     # The whole site's people, not one team's: made by staff or on the command line only.
     SCIM = "scim", "provision the site's users and groups from the directory (SCIM; staff only)"
 

@@ -67,6 +67,8 @@ export interface Approval {
   answer_schema: Record<string, unknown> | null;
   url: string;
   interrupt_id: number | null;
+  /** Once approved: the decision as a signed receipt (check it with verifyReceipt). */
+  receipt: string | null;
 }
 
 export interface RunSummary {
@@ -137,6 +139,7 @@ export const SCHEMAS: Record<string, { schema: string; fields: string[] }> = {
       "answer_schema",
       "url",
       "interrupt_id",
+      "receipt",
     ],
   },
   RunSummary: {
@@ -530,4 +533,167 @@ function fromBase64(text: string): Uint8Array<ArrayBuffer> {
   const bytes = new Uint8Array(new ArrayBuffer(binary.length));
   for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
   return bytes;
+}
+
+// Approval receipts: a decision, signed by the server (EdDSA over Ed25519, a compact JWS)
+
+/** A receipt that does not approve this call: why. */
+export class InvalidReceipt extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "InvalidReceipt";
+  }
+}
+
+/** What a valid receipt says. */
+export interface Receipt {
+  id: string;
+  team: string;
+  action: string;
+  run: number;
+  interrupt: number;
+  arguments_sha256: string;
+  answer: unknown;
+  approved_by: { name: string; at: string | null }[];
+  decided_via: string;
+  issuer: string;
+  issued_at: number;
+  expires_at: number;
+}
+
+export interface Jwk {
+  kty: string;
+  crv?: string;
+  x?: string;
+  kid?: string;
+  alg?: string;
+  use?: string;
+}
+
+export interface VerifyReceiptOptions {
+  action?: string;
+  team?: string;
+  issuer?: string;
+  /** The ids of receipts acted on already: a receipt is good for one call. Added to when valid. */
+  seen?: { has(id: string): boolean; add(id: string): unknown };
+  now?: Date;
+  leewaySeconds?: number;
+}
+
+/**
+ * The JSON Canonicalization Scheme's form (RFC 8785) of a JSON value: keys sorted by their
+ * UTF-16 code units, no spaces, numbers as JSON.stringify writes them. The server hashes a
+ * call's arguments in this form; so does every client.
+ */
+export function canonicalJson(value: unknown): string {
+  if (value === null || typeof value !== "object") {
+    if (typeof value === "number" && !Number.isFinite(value)) {
+      throw new TypeError("NaN and infinities have no JSON form");
+    }
+    const text = JSON.stringify(value);
+    if (text === undefined) throw new TypeError(`not a JSON value: ${typeof value}`);
+    return text;
+  }
+  if (Array.isArray(value)) return `[${value.map(canonicalJson).join(",")}]`;
+  const entries = Object.keys(value)
+    .sort()
+    .map((key) => `${JSON.stringify(key)}:${canonicalJson((value as Record<string, unknown>)[key])}`);
+  return `{${entries.join(",")}}`;
+}
+
+/** The SHA-256 (hex) of the arguments' canonical JSON: what a receipt binds them by. */
+export async function argumentsSha256(args: unknown): Promise<string> {
+  const digest = await globalThis.crypto.subtle.digest("SHA-256", new TextEncoder().encode(canonicalJson(args)));
+  return Array.from(new Uint8Array(digest), (byte) => byte.toString(16).padStart(2, "0")).join("");
+}
+
+/** The server's public keys (its /.well-known/jwks.json). */
+export async function fetchJwks(baseUrl: string): Promise<{ keys: Jwk[] }> {
+  const response = await fetch(`${baseUrl.replace(/\/+$/, "")}/.well-known/jwks.json`);
+  if (!response.ok) throw new Error(`${response.status} fetching the server's keys`);
+  return (await response.json()) as { keys: Jwk[] };
+}
+
+function fromBase64Url(text: string): Uint8Array<ArrayBuffer> {
+  if (!/^[A-Za-z0-9_-]*$/.test(text)) throw new InvalidReceipt("not a compact JWS");
+  const padded = text.replace(/-/g, "+").replace(/_/g, "/") + "=".repeat((4 - (text.length % 4)) % 4);
+  return fromBase64(padded);
+}
+
+/**
+ * Check offline that `receipt` approves a call with exactly `args` (and, where given, this
+ * action, team and issuer): signed by one of `jwks`' keys, not expired, not in `seen` (then added
+ * to it). Resolves with what it says; rejects with InvalidReceipt saying why not.
+ */
+export async function verifyReceipt(
+  receipt: string,
+  jwks: { keys: Jwk[] },
+  args: unknown,
+  options: VerifyReceiptOptions = {},
+): Promise<Receipt> {
+  const parts = receipt.split(".");
+  if (parts.length !== 3) throw new InvalidReceipt("not a compact JWS");
+  const [headerPart, payloadPart, signaturePart] = parts as [string, string, string];
+  const decode = (part: string): Record<string, unknown> => {
+    try {
+      return JSON.parse(new TextDecoder().decode(fromBase64Url(part))) as Record<string, unknown>;
+    } catch (error) {
+      if (error instanceof InvalidReceipt) throw error;
+      throw new InvalidReceipt("not a compact JWS");
+    }
+  };
+  const header = decode(headerPart);
+  if (header.alg !== "Ed25519" && header.alg !== "EdDSA") {
+    throw new InvalidReceipt(`not signed with Ed25519 (alg ${String(header.alg)})`);
+  }
+  if (header.typ !== "grundlag-receipt+jwt") throw new InvalidReceipt("not an approval receipt");
+  const jwk = jwks.keys.find((key) => key.kid === header.kid && key.kty === "OKP" && key.crv === "Ed25519");
+  if (!jwk?.x) throw new InvalidReceipt(`not signed by the server's keys (no key ${String(header.kid)})`);
+  const key = await globalThis.crypto.subtle.importKey(
+    "jwk",
+    { kty: "OKP", crv: "Ed25519", x: jwk.x },
+    { name: "Ed25519" },
+    false,
+    ["verify"],
+  );
+  const signed = new TextEncoder().encode(`${headerPart}.${payloadPart}`);
+  if (!(await globalThis.crypto.subtle.verify({ name: "Ed25519" }, key, fromBase64Url(signaturePart), signed))) {
+    throw new InvalidReceipt("not signed by the server's keys: the signature does not match");
+  }
+  const claims = decode(payloadPart);
+  const said: Receipt = {
+    id: String(claims.jti),
+    team: String(claims.team),
+    action: String(claims.action),
+    run: Number(claims.run),
+    interrupt: Number(claims.interrupt),
+    arguments_sha256: String(claims.arguments_sha256),
+    answer: claims.answer,
+    approved_by: claims.approved_by as Receipt["approved_by"],
+    decided_via: String(claims.decided_via ?? ""),
+    issuer: String(claims.iss),
+    issued_at: Number(claims.iat),
+    expires_at: Number(claims.exp),
+  };
+  const now = (options.now ?? new Date()).getTime() / 1000;
+  const leeway = options.leewaySeconds ?? 60;
+  if (!Number.isFinite(said.expires_at) || now > said.expires_at + leeway) throw new InvalidReceipt("it has expired");
+  if (now < said.issued_at - leeway) throw new InvalidReceipt("it is not valid yet");
+  if (said.arguments_sha256 !== (await argumentsSha256(args))) {
+    throw new InvalidReceipt("it approves other arguments than these");
+  }
+  for (const [name, expected, actual] of [
+    ["action", options.action, said.action],
+    ["team", options.team, said.team],
+    ["issuer", options.issuer, said.issuer],
+  ] as const) {
+    if (expected !== undefined && expected !== actual) {
+      throw new InvalidReceipt(`it approves ${name} ${JSON.stringify(actual)}, not ${JSON.stringify(expected)}`);
+    }
+  }
+  if (options.seen) {
+    if (options.seen.has(said.id)) throw new InvalidReceipt(`it was used already (receipt ${said.id})`);
+    options.seen.add(said.id);
+  }
+  return said;
 }

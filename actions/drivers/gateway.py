@@ -1,0 +1,220 @@
+"""The gateway consumer: a tool call an agent host makes to a team's upstream MCP server
+through the gateway (/mcp/gateway/<name>/), decided before it is made.
+
+Each call is a run (actions.engine.gateway.start_call). Its step pauses, unless the tool's
+policy is "never ask": the pause is the team's to decide like any other (its rules and grants
+read ``action``, ``<upstream>/<tool>``, and ``input``, the arguments; "always ask" lets neither
+approve), and a reviewer may edit the arguments before approving. Once approved, the next step
+calls the upstream, once: with the arguments approved, and the approval's signed receipt in the
+call's ``_meta`` (``io.grundlag/receipt``), for the upstream to check
+(actions.engine.receipts). The upstream's result, an error result included, is the run's
+output; a call that could not be made (the upstream down, refusing, too slow) fails the run
+with why.
+
+Upstreams are spoken to with the official ``mcp`` SDK's client over Streamable HTTP, at the
+address the URL was checked to resolve to (actions.engine.outbound), with the credentials
+registered for them (sealed in the database), no proxy from the environment and no redirect.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, cast
+
+import httpx2
+import mcp_types as types
+from asgiref.sync import async_to_sync
+from django.conf import settings
+from mcp import Client
+from mcp.client.session import IncomingMessage
+from mcp.client.streamable_http import streamable_http_client
+
+from actions.engine import gateway, outbound, receipts
+from actions.engine.driving import Answers, Driver, Pause, StepResult, call_binding
+from actions.models import Interrupt, McpUpstream, Run
+
+logger = logging.getLogger(__name__)
+
+RECEIPT_META = "io.grundlag/receipt"
+RUN_META = "io.grundlag/run"
+MAX_TOOLS = 1000
+
+
+class UpstreamFailed(Exception):
+    """The upstream could not be asked: why, in words the team can act on."""
+
+
+class _Pinned(httpx2.AsyncHTTPTransport):
+    """Sends every request to the address its host was checked to resolve to (the Host header
+    and TLS's server name stay the host's)."""
+
+    def __init__(self, address: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.address = address
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        url, _, extensions = outbound.pinned(str(request.url), self.address)
+        request.url = httpx2.URL(url)
+        request.extensions = {**request.extensions, **extensions}
+        return await super().handle_async_request(request)
+
+
+def _http(upstream: McpUpstream) -> httpx2.AsyncClient:
+    problem, addresses = outbound.resolve(upstream.url)
+    if problem:
+        raise UpstreamFailed(f"refused: {problem}")
+    seconds = settings.GRUNDLAG_GATEWAY_CALL_SECONDS
+    return httpx2.AsyncClient(
+        headers=gateway.headers_of(upstream),
+        timeout=httpx2.Timeout(seconds),
+        transport=_Pinned(addresses[0]),
+        follow_redirects=False,
+        trust_env=False,
+    )
+
+
+class _Listener:
+    """Notes an upstream's ``notifications/tools/list_changed`` heard during an exchange."""
+
+    def __init__(self) -> None:
+        self.tools_changed = False
+
+    async def __call__(self, message: IncomingMessage) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            self.tools_changed = True
+
+
+async def _exchange(upstream: McpUpstream, ask: Any) -> Any:
+    listener = _Listener()
+    try:
+        async with (
+            _http(upstream) as http,
+            Client(
+                streamable_http_client(upstream.url, http_client=http),
+                message_handler=listener,
+                cache=None,
+                read_timeout_seconds=settings.GRUNDLAG_GATEWAY_CALL_SECONDS,
+            ) as client,
+        ):
+            answer = await ask(client)
+    except UpstreamFailed:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever stopped the exchange, said to the team
+        logger.info("MCP upstream %s failed: %r", upstream, exc)
+        raise UpstreamFailed(_why(exc)) from None
+    if listener.tools_changed:
+        gateway.tools_changed(upstream.pk)
+    return answer
+
+
+def _why(exc: BaseException) -> str:
+    inner = exc
+    while isinstance(inner, BaseExceptionGroup) and inner.exceptions:
+        inner = inner.exceptions[0]
+    return f"{type(inner).__name__}: {inner}"[:500]
+
+
+async def list_tools(upstream: McpUpstream) -> list[dict[str, Any]]:
+    """The upstream's tools, every page (at most MAX_TOOLS), as its tools/list says them."""
+
+    async def ask(client: Client) -> list[dict[str, Any]]:
+        tools: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            page = await client.list_tools(cursor=cursor)
+            tools += [tool.model_dump(by_alias=True, mode="json", exclude_none=True) for tool in page.tools]
+            cursor = page.next_cursor
+            if not cursor or len(tools) >= MAX_TOOLS:
+                return tools[:MAX_TOOLS]
+
+    tools: list[dict[str, Any]] = await _exchange(upstream, ask)
+    return tools
+
+
+async def call_tool(
+    upstream: McpUpstream, tool: str, arguments: dict[str, Any], meta: dict[str, Any]
+) -> dict[str, Any]:
+    """The upstream's result of the call (an error result is a result)."""
+
+    async def ask(client: Client) -> dict[str, Any]:
+        result = await client.call_tool(tool, arguments, meta=cast(types.RequestParamsMeta, meta))
+        return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+    output: dict[str, Any] = await _exchange(upstream, ask)
+    return output
+
+
+def binding(run: Run) -> dict[str, Any]:
+    """The call a gateway run's pause is for: its tool and the arguments the host sent."""
+    return call_binding(run.action, run.driver_state.get("arguments"), turn=0, position=0)
+
+
+class GatewayDriver(Driver):
+    def step(self, run: Run, answers: Answers) -> StepResult:
+        state = run.driver_state
+        bound = binding(run)
+        answer = answers.for_call(bound)
+        if answer is None and state.get("policy") != McpUpstream.Policy.NEVER:
+            return StepResult(Run.Status.INTERRUPTED, pauses=[self.pause(run, bound)])
+        arguments = state.get("arguments") or {}
+        if answer is not None and answer.arguments is not None:
+            arguments = answer.arguments
+        upstream = McpUpstream.objects.filter(pk=state.get("upstream")).select_related("team").first()
+        if upstream is None:
+            return StepResult(
+                Run.Status.FAILED, error="the MCP upstream was removed before the call was made"
+            )
+        meta: dict[str, Any] = {RUN_META: run.pk}
+        if answer is not None:
+            approved = (
+                Interrupt.objects.filter(run_id=run.pk, status=Interrupt.Status.APPROVED)
+                .select_related("team")
+                .order_by("-seq")
+                .first()
+            )
+            if approved is not None:
+                meta[RECEIPT_META] = receipts.receipt_for(approved, run)
+        if not gateway.claim_call(run.pk):
+            return StepResult(
+                Run.Status.FAILED,
+                error=(
+                    f"the call to {upstream.name} was begun before and its outcome was not recorded"
+                    " (the worker stopped during it): it is not made twice; ask the upstream what it did"
+                ),
+            )
+        try:
+            result = async_to_sync(call_tool)(upstream, state["tool"], arguments, meta)
+        except UpstreamFailed as exc:
+            return StepResult(
+                Run.Status.FAILED, error=f"the MCP upstream {upstream.name} could not be called: {exc}"
+            )
+        return StepResult(Run.Status.COMPLETED, output=result)
+
+    @staticmethod
+    def pause(run: Run, bound: dict[str, Any]) -> Pause:
+        state = run.driver_state
+        upstream_name, _, tool = run.action.partition("/")
+        policy: dict[str, Any] = {}
+        if state.get("policy") == McpUpstream.Policy.ASK:
+            policy["auto_approve"] = False
+        return Pause(
+            f"Call {tool} on {upstream_name}",
+            {
+                "upstream": upstream_name,
+                "tool": tool,
+                "description": state.get("description") or "",
+                "arguments": state.get("arguments"),
+            },
+            None,
+            action=run.action,
+            binding=bound,
+            arguments=state.get("arguments"),
+            policy=policy,
+        )
+
+    def proposed_arguments(self, run: Run, bound: dict[str, Any]) -> Any:
+        return run.driver_state.get("arguments") if bound == binding(run) else None
+
+    def arguments_schema(self, run: Run) -> dict[str, Any] | None:
+        schema = run.driver_state.get("input_schema")
+        return schema if isinstance(schema, dict) else {"type": "object"}

@@ -1,0 +1,255 @@
+"""The MCP gateway's engine and driver (actions.engine.gateway, actions.drivers.gateway) against a
+real upstream MCP server built with the official SDK (tests/mcp_upstream.py, in a thread), and its
+composition with the team's rules, grants, policies and N-of-M approvals: on SQLite and PostgreSQL,
+with worker and inline steps. The MCP endpoint itself is judged by the SDK's clients in
+tests/integration/test_gateway.py."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+
+from actions import engine
+from actions.drivers.gateway import GatewayDriver
+from actions.engine import gateway, sealed
+from actions.engine.queue import answers_of
+from actions.models import (
+    ApiToken,
+    GatewayCall,
+    Interrupt,
+    McpUpstream,
+    Membership,
+    Policy,
+    Role,
+    Run,
+    Team,
+    TeamRule,
+)
+from grundlag_client.receipts import InvalidReceipt, verify_receipt
+from tests.mcp_upstream import SECRET, Upstream
+
+pytestmark = [pytest.mark.django_db(transaction=False), pytest.mark.usefixtures("steps", "database")]
+
+ORDER = {"order_id": "ord_1", "amount": 120.5}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def upstream_server(tmp_path: Path, settings: Any) -> Iterator[Upstream]:
+    settings.GRUNDLAG_WEBHOOK_ALLOW_PRIVATE = True  # it listens on 127.0.0.1
+    with Upstream(free_port(), tmp_path / "calls.jsonl") as server:
+        yield server
+
+
+@pytest.fixture
+def token(team: Team) -> ApiToken:
+    return ApiToken.issue(team, "agent-host")[0]
+
+
+@pytest.fixture
+def payments(team: Team, upstream_server: Upstream) -> McpUpstream:
+    upstream = gateway.register(
+        team, "payments", upstream_server.url, {"Authorization": f"Bearer {SECRET}"}, by=None
+    )
+    upstream.tools = [
+        {"name": "refund", "inputSchema": {"type": "object", "properties": {"order_id": {"type": "string"},
+         "amount": {"type": "number"}}, "required": ["order_id", "amount"]}},
+        {"name": "lookup_order", "inputSchema": {"type": "object"}},
+    ]  # fmt: skip
+    upstream.save(update_fields=["tools"])
+    return upstream
+
+
+def call(token: ApiToken, upstream: McpUpstream, tool: str = "refund", arguments: Any = None) -> Run:
+    run, _ = gateway.start_call(token, upstream, tool, dict(ORDER if arguments is None else arguments))
+    run.refresh_from_db()
+    return run
+
+
+def pending(run: Run) -> Interrupt:
+    return Interrupt.objects.get(run=run, status=Interrupt.Status.PENDING)
+
+
+def test_a_call_waits_for_a_person_and_then_reaches_the_upstream_once_with_a_receipt(
+    team: Team, token: ApiToken, payments: McpUpstream, upstream_server: Upstream, reviewer: User
+) -> None:
+    run = call(token, payments)
+    assert run.status == Run.Status.INTERRUPTED
+    it = pending(run)
+    assert (it.action, it.data["tool"], it.data["arguments"]) == ("payments/refund", "refund", ORDER)
+    assert upstream_server.calls() == []
+
+    engine.approve(it, None, reviewer, via="dashboard")
+    run.refresh_from_db()
+    assert run.status == Run.Status.COMPLETED, run.error
+    assert run.output["structuredContent"] == {"refunded": "ord_1", "amount": 120.5}
+    [made] = upstream_server.calls()
+    assert made["arguments"] == ORDER
+    assert made["authorization"] == f"Bearer {SECRET}"  # its credentials, unsealed for the call
+    said = verify_receipt(
+        made["receipt"], engine.receipts.jwks(), ORDER, action="payments/refund", team="finance"
+    )
+    assert said.approved_by[0]["name"] == "reviewer1"
+    assert said.run == run.pk and said.interrupt == it.pk
+    with pytest.raises(InvalidReceipt, match="other arguments"):
+        verify_receipt(made["receipt"], engine.receipts.jwks(), {**ORDER, "amount": 9999})
+
+    # The step again (a redelivered message, a worker lost after the call): never a second call.
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.QUEUED)
+
+    result = GatewayDriver().step(Run.objects.get(pk=run.pk), answers_of(run.pk))
+    assert result.status == Run.Status.FAILED and "not made twice" in result.error
+    assert len(upstream_server.calls()) == 1
+
+
+def test_a_rejected_call_never_reaches_the_upstream(
+    token: ApiToken, payments: McpUpstream, upstream_server: Upstream, reviewer: User
+) -> None:
+    run = call(token, payments)
+    engine.reject(pending(run), "Not this order", reviewer)
+    run.refresh_from_db()
+    assert (run.status, run.error) == (Run.Status.REJECTED, "Not this order")
+    assert engine.receipts.receipt_for(Interrupt.objects.get(run=run)) is None
+    assert upstream_server.calls() == []
+
+
+def test_an_edited_call_runs_with_the_reviewers_arguments_and_its_receipt_binds_them(
+    token: ApiToken, payments: McpUpstream, upstream_server: Upstream, reviewer: User
+) -> None:
+    run = call(token, payments)
+    it = pending(run)
+    assert engine.proposed_arguments(it) == ORDER
+    with pytest.raises(engine.InvalidInput, match="input schema"):
+        engine.approve(it, None, reviewer, arguments={"order_id": "ord_1"})  # amount is required
+    edited = {"order_id": "ord_1", "amount": 20}
+    engine.approve(it, None, reviewer, arguments=edited)
+    [made] = upstream_server.calls()
+    assert made["arguments"] == {"order_id": "ord_1", "amount": 20.0}
+    verify_receipt(made["receipt"], engine.receipts.jwks(), edited)
+    with pytest.raises(InvalidReceipt):
+        verify_receipt(made["receipt"], engine.receipts.jwks(), ORDER)
+
+
+def test_the_same_call_again_before_its_result_was_given_joins_the_first(
+    token: ApiToken, payments: McpUpstream, reviewer: User
+) -> None:
+    first, joined = gateway.start_call(token, payments, "refund", dict(ORDER))
+    again, joined_again = gateway.start_call(token, payments, "refund", dict(ORDER))
+    assert (joined, joined_again, again.pk) == (False, True, first.pk)
+    other, joined_other = gateway.start_call(token, payments, "refund", {**ORDER, "amount": 1})
+    assert not joined_other and other.pk != first.pk
+    engine.approve(pending(first), None, reviewer)
+    again, joined_again = gateway.start_call(token, payments, "refund", dict(ORDER))
+    assert joined_again and again.pk == first.pk  # finished, not yet given to the host
+    gateway.delivered(first.pk)
+    fresh, joined_fresh = gateway.start_call(token, payments, "refund", dict(ORDER))
+    assert not joined_fresh and fresh.pk != first.pk
+    assert GatewayCall.objects.filter(upstream=payments).count() == 3
+
+
+def test_each_tools_policy_against_the_teams_rules(
+    team: Team, token: ApiToken, payments: McpUpstream, upstream_server: Upstream
+) -> None:
+    TeamRule.objects.create(
+        team=team,
+        name="small refunds",
+        when="action == 'payments/refund' && input.amount < 500",
+        then="approve",
+    )
+    TeamRule.objects.create(
+        team=team,
+        name="no ord_9",
+        when="input.order_id == 'ord_9'",
+        then="reject",
+        reason="ord_9 is under investigation",
+    )
+    # rules decide (the default): the rule approves, the call is made at once.
+    run = call(token, payments)
+    assert run.status == Run.Status.COMPLETED, run.error
+    it = Interrupt.objects.get(run=run)
+    assert (it.decided_by_name, it.decided_via) == ("rule: small refunds", "rule")
+    receipt = upstream_server.calls()[-1]["receipt"]
+    assert verify_receipt(receipt, engine.receipts.jwks(), ORDER).decided_via == "rule"
+    # A rule that rejects: the upstream never hears of it.
+    run = call(token, payments, "lookup_order", {"order_id": "ord_9"})
+    assert (run.status, run.error) == (Run.Status.REJECTED, "ord_9 is under investigation")
+    assert len(upstream_server.calls()) == 1
+    # always ask: the approving rule may not approve it; a person must.
+    gateway.set_policy(payments, "refund", McpUpstream.Policy.ASK, by=None)
+    payments.refresh_from_db()
+    run = call(token, payments, arguments={"order_id": "ord_2", "amount": 5})
+    assert run.status == Run.Status.INTERRUPTED
+    assert pending(run).decided_via == ""
+    # never ask: straight through, recorded as a run without a pause, and no receipt.
+    gateway.set_policy(payments, "lookup_order", McpUpstream.Policy.NEVER, by=None)
+    payments.refresh_from_db()
+    run = call(token, payments, "lookup_order", {"order_id": "ord_3"})
+    assert run.status == Run.Status.COMPLETED and not Interrupt.objects.filter(run=run).exists()
+    last = upstream_server.calls()[-1]
+    assert (last["tool"], last["receipt"]) == ("lookup_order", None)
+
+
+def test_four_eyes_on_a_tool_even_with_a_null_answer(
+    team: Team, token: ApiToken, payments: McpUpstream, upstream_server: Upstream, reviewer: User,
+    second_reviewer: User,
+) -> None:  # fmt: skip
+    Policy.objects.create(team=team, action="payments/refund", approvals_required=2)
+    run = call(token, payments)
+    it = pending(run)
+    assert it.approvals_required == 2
+    engine.approve(it, None, reviewer)
+    assert upstream_server.calls() == []
+    engine.approve(pending(run), None, second_reviewer)
+    run.refresh_from_db()
+    assert run.status == Run.Status.COMPLETED, run.error
+    [made] = upstream_server.calls()
+    said = verify_receipt(made["receipt"], engine.receipts.jwks(), ORDER)
+    assert [each["name"] for each in said.approved_by] == ["reviewer1", "reviewer2"]
+
+
+def test_only_a_team_admin_registers_and_what_is_refused(
+    team: Team, reviewer: User, upstream_server: Upstream, settings: Any
+) -> None:
+    with pytest.raises(engine.NotAllowed, match="admin role"):
+        gateway.register(team, "payments", upstream_server.url, by=reviewer)
+    Membership.objects.filter(team=team, user=reviewer).update(role=Role.ADMIN)
+    made = gateway.register(
+        team, "payments", upstream_server.url, {"Authorization": "Bearer s3cret"}, by=reviewer
+    )
+    raw = McpUpstream.objects.filter(pk=made.pk).values_list("headers_sealed", flat=True).get()
+    assert "s3cret" not in raw and gateway.headers_of(made) == {"Authorization": "Bearer s3cret"}
+    assert sealed.unseal(raw) == '{"Authorization": "Bearer s3cret"}'
+    for name, url, headers, said in [
+        ("payments", upstream_server.url, None, "already has"),
+        ("Pay Ments", upstream_server.url, None, "lower-case"),
+        ("ok", "ftp://example.com/mcp", None, "http"),
+        ("ok", upstream_server.url, {"Host": "evil"}, "sets Host itself"),
+        ("ok", upstream_server.url, {"X-Key": "a\r\nb"}, "line break"),
+    ]:
+        with pytest.raises(engine.InvalidInput, match=said):
+            gateway.register(team, name, url, headers, by=reviewer)
+    settings.GRUNDLAG_WEBHOOK_ALLOW_PRIVATE = False
+    with pytest.raises(engine.InvalidInput, match="private, loopback"):
+        gateway.register(team, "local", upstream_server.url, by=reviewer)
+    assert McpUpstream.objects.filter(team=team).count() == 1
+
+
+def test_an_upstream_that_cannot_be_reached_fails_the_call_saying_why(
+    token: ApiToken, payments: McpUpstream, reviewer: User
+) -> None:
+    McpUpstream.objects.filter(pk=payments.pk).update(url=f"http://127.0.0.1:{free_port()}/mcp")
+    run = call(token, payments)
+    engine.approve(pending(run), None, reviewer)
+    run.refresh_from_db()
+    assert run.status == Run.Status.FAILED
+    assert "could not be called" in run.error and "payments" in run.error
