@@ -128,7 +128,7 @@ def delete_upstream(request: HttpRequest, name: str) -> Status[None]:
 # Receipts
 
 
-class InterruptOut(Schema):
+class InterruptDetailOut(Schema):
     id: int
     run_id: int
     seq: int
@@ -151,7 +151,7 @@ class InterruptOut(Schema):
 
 @router.get(
     "/interrupts/{interrupt_id}",
-    response={200: InterruptOut, 404: Error},
+    response={200: InterruptDetailOut, 404: Error},
     tags=["interrupts"],
     auth=needs(Scope.INTERRUPTS_READ, Scope.INTERRUPTS_DECIDE),
 )

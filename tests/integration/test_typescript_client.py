@@ -22,6 +22,7 @@ CLIENT = Path(__file__).resolve().parents[2] / "clients" / "typescript"
 ANSWERS: dict[str, dict[str, str] | None] = {
     # What the reviewer answers, by question (None: rejects it, "not this week").
     "Deploy billing 2.3?": {"answer-window": "tonight"},
+    "Deploy billing 2.4?": {"answer-window": "weekend"},
     "Rotate the signing key?": None,
 }
 
@@ -62,4 +63,4 @@ def test_the_typescript_client_passes_its_tests_against_the_server(site: Site) -
         stop.set()
         reviewer.join(30)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert "ℹ fail 0" in result.stdout and "ℹ pass 8" in result.stdout, result.stdout[-3000:]
+    assert "ℹ fail 0" in result.stdout and "ℹ pass 10" in result.stdout, result.stdout[-3000:]

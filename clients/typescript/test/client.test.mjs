@@ -12,6 +12,10 @@ import {
   Rejected,
   SCHEMAS,
   TimedOut,
+  canonicalJson,
+  fetchJwks,
+  InvalidReceipt,
+  verifyReceipt,
   verifyWebhook,
   WebhookVerificationError,
 } from "../dist/index.js";
@@ -36,6 +40,41 @@ test("requestApproval resolves with the answer the reviewer gave", async () => {
     { timeoutSeconds: 60 },
   );
   assert.deepEqual(answer, { window: "tonight" });
+});
+
+test("an approval's receipt verifies offline, for its own question and once", async () => {
+  const asked = { message: "Deploy billing 2.4?", data: { service: "billing", replicas: 3.0 }, answerSchema: SCHEMA };
+  const created = await asker.createApproval(asked);
+  const approval = await asker.waitForApproval(created.id, { timeoutSeconds: 60 });
+  assert.equal(approval.status, "approved");
+  const jwks = await fetchJwks(baseUrl);
+  // An approval's arguments are its question, as the server recorded it.
+  const question = { message: asked.message, data: asked.data, answer_schema: SCHEMA };
+  const seen = new Set();
+  const receipt = await verifyReceipt(approval.receipt, jwks, question, { action: "approval", seen });
+  assert.deepEqual(receipt.answer, { window: "weekend" });
+  assert.equal(receipt.approved_by[0].name, "reviewer1");
+  assert.equal(receipt.interrupt, approval.interrupt_id);
+  const refused = async (args, options, why) =>
+    await assert.rejects(verifyReceipt(approval.receipt, jwks, args, options), (error) => {
+      assert.ok(error instanceof InvalidReceipt, String(error));
+      assert.match(error.message, why);
+      return true;
+    });
+  await refused(question, { seen }, /used already/);
+  await refused({ ...question, data: { service: "billing", replicas: 30 } }, {}, /other arguments/);
+  await refused(question, { action: "transfer_funds" }, /approves action/);
+  await refused(question, { now: new Date(Date.now() + 2 * 3600 * 1000) }, /expired/);
+  const [head, body, signature] = approval.receipt.split(".");
+  const forged = `${head}.${body}.${signature.slice(0, -4)}${signature.slice(-4) === "AAAA" ? "BBBB" : "AAAA"}`;
+  await assert.rejects(verifyReceipt(forged, jwks, question), InvalidReceipt);
+});
+
+test("canonicalJson writes RFC 8785's form, as the server hashes it", () => {
+  assert.equal(
+    canonicalJson({ b: [1, 2.0, 1e-7, 1e21, 0.1, -0, "é\n"], a: null, é: true }),
+    '{"a":null,"b":[1,2,1e-7,1e+21,0.1,0,"é\\n"],"é":true}',
+  );
 });
 
 test("a rejection rejects with Rejected and the reviewer's reason", async () => {

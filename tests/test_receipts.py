@@ -1,0 +1,225 @@
+"""Approval receipts (actions.engine.receipts): fetched from the API on a decided interrupt and
+approval, checked offline with the Python client's verify_receipt against /.well-known/jwks.json;
+keys rotated and revoked; the arguments' canonical form the same as the clients'. And the API's
+MCP upstreams (POST/GET/DELETE /api/mcp-upstreams) with their scope."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client
+from django.utils import timezone
+
+from actions import engine
+from actions.engine import receipts, sealed
+from actions.models import ApiToken, Interrupt, McpUpstream, ReceiptKey, Run, Scope, Team
+from grundlag_client import receipts as client_receipts
+from grundlag_client.receipts import InvalidReceipt, verify_receipt
+from tests.test_api import Api
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("steps", "database")]
+
+
+@pytest.fixture
+def api(client: Client, token_key: str) -> Api:
+    return Api(client, token_key)
+
+
+def jwks(client: Client) -> dict[str, Any]:
+    response = client.get("/.well-known/jwks.json")
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/jwk-set+json"
+    assert response["Access-Control-Allow-Origin"] == "*"
+    return dict(response.json())
+
+
+def transfer(team: Team, amount: float = 250) -> Interrupt:
+    run = engine.start_run("transfer_funds", {"amount": amount, "to": "DE12"}, team, None)
+    return Interrupt.objects.get(run=run)
+
+
+def test_a_decided_interrupt_has_a_receipt_that_verifies_offline(
+    api: Api, client: Client, team: Team, reviewer: User
+) -> None:
+    it = transfer(team)
+    pending = api.get(f"/interrupts/{it.pk}").json()
+    assert pending["status"] == "pending" and pending["receipt"] is None
+    engine.approve(it, {"approved": True, "comment": "fine"}, reviewer)
+    read = api.get(f"/interrupts/{it.pk}").json()
+    assert read["status"] == "approved"
+    run = Run.objects.get(pk=it.run_id)
+    said = verify_receipt(read["receipt"], jwks(client), run.input, action="transfer_funds", team="finance")
+    assert (said.run, said.interrupt, said.decided_via) == (run.pk, it.pk, "dashboard")
+    assert said.answer == {"approved": True, "comment": "fine"}
+    assert said.approved_by[0]["name"] == "reviewer1"
+    assert said.issuer == "http://127.0.0.1:8000" or said.issuer.startswith("http")
+    # The same receipt whenever it is asked for (Ed25519 is deterministic): one id per call.
+    assert api.get(f"/interrupts/{it.pk}").json()["receipt"] == read["receipt"]
+    for wrong, why in [
+        ({**run.input, "amount": 251}, "other arguments"),
+    ]:
+        with pytest.raises(InvalidReceipt, match=why):
+            verify_receipt(read["receipt"], jwks(client), wrong)
+    with pytest.raises(InvalidReceipt, match="team"):
+        verify_receipt(read["receipt"], jwks(client), run.input, team="payroll")
+    seen: set[str] = set()
+    verify_receipt(read["receipt"], jwks(client), run.input, seen=seen)
+    with pytest.raises(InvalidReceipt, match="used already"):
+        verify_receipt(read["receipt"], jwks(client), run.input, seen=seen)
+    later = timezone.now().timestamp() + 3600 + 120
+    with pytest.raises(InvalidReceipt, match="expired"):
+        verify_receipt(read["receipt"], jwks(client), run.input, now=later)
+
+
+def test_a_rejected_interrupt_has_none_and_another_teams_is_not_found(
+    api: Api, team: Team, other_team: Team, reviewer: User, outsider: User
+) -> None:
+    it = transfer(team)
+    engine.reject(it, "no", reviewer)
+    assert api.get(f"/interrupts/{it.pk}").json()["receipt"] is None
+    theirs = transfer(other_team)
+    assert api.get(f"/interrupts/{theirs.pk}").status_code == 404
+
+
+def test_an_approved_approval_carries_its_receipt_bound_to_the_question(
+    api: Api, client: Client, reviewer: User
+) -> None:
+    asked = api.post("/approvals", {"message": "Ship it?", "data": {"version": "2.4"}}, wait=None).json()
+    assert asked["receipt"] is None
+    engine.approve(Interrupt.objects.get(pk=asked["interrupt_id"]), {"approved": True}, reviewer)
+    approval = api.get(f"/approvals/{asked['id']}").json()
+    question = {"message": "Ship it?", "data": {"version": "2.4"}, "answer_schema": None}
+    said = verify_receipt(approval["receipt"], jwks(client), question, action="approval")
+    assert said.interrupt == asked["interrupt_id"]
+
+
+def test_rotation_keeps_old_receipts_good_until_they_expire_and_revoking_ends_them(
+    api: Api, client: Client, team: Team, reviewer: User, settings: Any
+) -> None:
+    it = transfer(team)
+    engine.approve(it, {"approved": True}, reviewer)
+    old = api.get(f"/interrupts/{it.pk}").json()["receipt"]
+    arguments = Run.objects.get(pk=it.run_id).input
+    [first] = jwks(client)["keys"]
+    call_command("receipt_keys", "rotate")
+    keys = jwks(client)["keys"]
+    assert len(keys) == 2 and first in keys
+    verify_receipt(old, {"keys": keys}, arguments)  # signed by the retired key, still published
+    new = api.get(f"/interrupts/{it.pk}").json()["receipt"]
+    assert new != old and json.loads(client_receipts_header(new))["kid"] != first["kid"]
+    # Past the receipts' lifetime, the retired key is withdrawn.
+    ReceiptKey.objects.filter(kid=first["kid"]).update(
+        retired_at=timezone.now() - timedelta(seconds=settings.GRUNDLAG_RECEIPT_SECONDS + 1)
+    )
+    assert [key["kid"] for key in jwks(client)["keys"]] != [first["kid"]]
+    with pytest.raises(InvalidReceipt, match="not signed"):
+        verify_receipt(old, jwks(client), arguments)
+    # Revoked: at once.
+    current = receipts.signing_key().kid
+    call_command("receipt_keys", "revoke", current)
+    with pytest.raises(InvalidReceipt, match="not signed"):
+        verify_receipt(new, jwks(client), arguments)
+    assert receipts.signing_key().kid not in (current, first["kid"])  # a fresh key signs
+
+
+def client_receipts_header(receipt: str) -> str:
+    import base64
+
+    head = receipt.split(".")[0]
+    return base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)).decode()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"b": [1, 2.0, 1e-7, 1e21, 0.1, -0.0, "é\n"], "a": None, "é": True},
+        {"amount": 100.0, "big": 12345678901234567890, "tiny": 5e-324, "neg": -1.5e-10, "x": 1e20},
+        ["\u2028", "\U0001f600", {"\U0001f600": 1, "\ufb33": 2}],
+    ],
+)
+def test_the_server_and_the_client_write_the_same_canonical_form(value: Any) -> None:
+    assert receipts.canonical_json(value) == client_receipts.canonical_json(value)
+
+
+def test_sealed_values_open_after_secret_key_rotation_with_a_fallback(settings: Any) -> None:
+    token = sealed.seal("hunter2")
+    settings.SECRET_KEY_FALLBACKS = [settings.SECRET_KEY]
+    settings.SECRET_KEY = "a-new-key-" + "x" * 40
+    assert sealed.unseal(token) == "hunter2"
+    assert sealed.unseal(sealed.reseal(token)) == "hunter2"
+    settings.SECRET_KEY_FALLBACKS = []
+    with pytest.raises(sealed.Unreadable, match="SECRET_KEY_FALLBACKS"):
+        sealed.unseal(token)
+
+
+# The API's upstreams
+
+
+def test_mcp_upstreams_are_registered_listed_and_removed_with_their_scope(
+    client: Client, team: Team, settings: Any
+) -> None:
+    settings.GRUNDLAG_WEBHOOK_ALLOW_PRIVATE = True
+    key = ApiToken.issue(team, "admin-bot", [Scope.GATEWAY_WRITE])[1]
+    api = Api(client, key)
+    body = {
+        "name": "payments",
+        "url": "http://127.0.0.1:9/mcp",
+        "headers": {"Authorization": "Bearer upstream"},
+        "tool_policies": {"refund": "ask"},
+    }
+    made = api.post("/mcp-upstreams", body, wait=None)
+    assert made.status_code == 201, made.content
+    out = made.json()
+    assert (out["gateway_path"], out["header_names"], out["tool_policies"]) == (
+        "/mcp/gateway/payments/", ["Authorization"], {"refund": "ask"},
+    )  # fmt: skip
+    assert "Bearer upstream" not in made.content.decode()
+    assert [each["name"] for each in api.get("/mcp-upstreams").json()] == ["payments"]
+    again = api.post("/mcp-upstreams", body, wait=None)
+    assert again.status_code == 422 and "already taken" in json.dumps(again.json())
+    bad = api.post("/mcp-upstreams", {**body, "name": "x", "headers": {"Content-Type": "a"}}, wait=None)
+    assert bad.status_code == 422 and "Content-Type" in json.dumps(bad.json())
+    settings.GRUNDLAG_WEBHOOK_ALLOW_PRIVATE = False
+    private = api.post("/mcp-upstreams", {**body, "name": "local"}, wait=None)
+    assert private.status_code == 422 and "private" in json.dumps(private.json())
+    without = Api(client, ApiToken.issue(team, "mcp-only", [Scope.MCP])[1])
+    refused = without.post("/mcp-upstreams", {**body, "name": "other"}, wait=None)
+    assert refused.status_code == 403 and "gateway:write" in json.dumps(refused.json())
+    assert (
+        api.client.delete(
+            "/api/mcp-upstreams/payments", headers={"Authorization": f"Bearer {key}"}
+        ).status_code
+        == 204
+    )
+    assert (
+        api.client.delete(
+            "/api/mcp-upstreams/payments", headers={"Authorization": f"Bearer {key}"}
+        ).status_code
+        == 404
+    )
+    assert not McpUpstream.objects.exists()
+
+
+def test_the_command_line_adds_lists_sets_a_policy_and_removes(
+    team: Team, settings: Any, capsys: Any
+) -> None:
+    settings.GRUNDLAG_WEBHOOK_ALLOW_PRIVATE = True
+    call_command(
+        "mcp_upstream", "add", "finance", "payments", "http://127.0.0.1:9/mcp", "--header", "X-Key: k1"
+    )
+    out = capsys.readouterr()
+    assert "/mcp/gateway/payments/" in out.out and "could not be asked" in out.err  # nobody listens on :9
+    upstream = McpUpstream.objects.get(team=team, name="payments")
+    assert upstream.header_names == ["X-Key"] and upstream.tools_error
+    call_command("mcp_upstream", "policy", "finance", "payments", "never", "--tool", "lookup_order")
+    upstream.refresh_from_db()
+    assert upstream.policy_for("lookup_order") == "never" and upstream.policy_for("refund") == "rules"
+    call_command("mcp_upstream", "list", "finance")
+    assert "payments" in capsys.readouterr().out
+    call_command("mcp_upstream", "remove", "finance", "payments")
+    assert not McpUpstream.objects.exists()
