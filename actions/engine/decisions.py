@@ -408,6 +408,12 @@ def proposed_arguments(interrupt: Interrupt, run: Run | None = None) -> Any:
     return driver_for(run.consumer).proposed_arguments(run, binding)
 
 
+def arguments_schema(run: Run) -> dict[str, Any] | None:
+    """The JSON Schema an edit of a call of ``run`` fits, where its driver's calls are not
+    registered actions (the gateway's tools); None otherwise."""
+    return driver_for(run.consumer).arguments_schema(run)
+
+
 def validate_edit(interrupt: Interrupt, arguments: Any) -> tuple[Any, Any] | None:
     """(proposed, edited) arguments, both as the tool's input model reads them; None when the
     edit changes nothing. InvalidInput when the call cannot be edited or the edit does not fit
@@ -416,7 +422,7 @@ def validate_edit(interrupt: Interrupt, arguments: Any) -> tuple[Any, Any] | Non
     run = Run.objects.only("consumer", "driver_state", "action").get(pk=interrupt.run_id)
     proposed = proposed_arguments(interrupt, run)
     act = registry.find(interrupt.action)
-    schema = driver_for(run.consumer).arguments_schema(run) if act is None else None
+    schema = arguments_schema(run) if act is None else None
     if proposed is None or (act is None and schema is None):
         raise InvalidInput(
             "only a pending tool call (an agent's, or one through the MCP gateway), at its first"

@@ -156,6 +156,14 @@ def set_policy(upstream: McpUpstream, tool: str, policy: str, *, by: Actor) -> N
     )
 
 
+def clear_policy(upstream: McpUpstream, tool: str, *, by: Actor) -> None:
+    """The tool follows the upstream's default policy again."""
+    _may_manage(by, upstream.team)
+    upstream.tool_policies = {name: policy for name, policy in upstream.tool_policies.items() if name != tool}
+    upstream.save(update_fields=["tool_policies"])
+    logger.info("MCP upstream %s: %s follows the default, set by %s", upstream, tool, actor_name(by))
+
+
 def headers_of(upstream: McpUpstream) -> dict[str, str]:
     return json.loads(sealed.unseal(upstream.headers_sealed)) if upstream.headers_sealed else {}
 

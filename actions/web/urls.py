@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from actions.web import bulk, grants, history, links, runs, slack, teams, views
+from actions.web import bulk, gateway, grants, history, links, runs, slack, teams, views
 
 urlpatterns = [
     path("", views.inbox, name="inbox"),
@@ -28,6 +28,19 @@ urlpatterns = [
     path("teams/<slug:slug>/members/<int:user_id>/remove/", teams.remove_member, name="team-member-remove"),
     path("teams/<slug:slug>/tokens/", teams.create_token, name="team-token"),
     path("teams/<slug:slug>/tokens/<int:token_id>/revoke/", teams.revoke_token, name="team-token-revoke"),
+    path("teams/<slug:slug>/gateway/", gateway.add_upstream, name="team-upstream-add"),
+    path("teams/<slug:slug>/gateway/<slug:name>/", gateway.upstream_page, name="team-upstream"),
+    path(
+        "teams/<slug:slug>/gateway/<slug:name>/policies/", gateway.set_policies, name="team-upstream-policies"
+    ),
+    path(
+        "teams/<slug:slug>/gateway/<slug:name>/refresh/",
+        gateway.refresh_upstream,
+        name="team-upstream-refresh",
+    ),
+    path(
+        "teams/<slug:slug>/gateway/<slug:name>/remove/", gateway.remove_upstream, name="team-upstream-remove"
+    ),
     path("settings/away/", grants.away, name="away"),
     path("settings/away/<int:pk>/back/", grants.back, name="away-back"),
     # A mail's personal decision link, and Slack's interactions (signed by Slack, not a session).

@@ -179,13 +179,15 @@ def decision_context(request: AuthenticatedRequest, interrupt: Interrupt, **extr
 def edit_form(interrupt: Interrupt, data: Any = None) -> SchemaForm | None:
     """The form that edits the arguments of the tool call ``interrupt`` holds, prefilled with
     what the model proposed: None when its call cannot be edited (engine.proposed_arguments)."""
-    act = registry.find(interrupt.action)
-    if act is None:
-        return None
     proposed = engine.proposed_arguments(interrupt, interrupt.run)
     if not isinstance(proposed, dict):
         return None
-    return form_for_schema(act.input_schema())(data, initial=proposed, prefix="edit")
+    act = registry.find(interrupt.action)
+    # A tool of an upstream MCP server (the gateway's): its own input schema.
+    schema = act.input_schema() if act is not None else engine.arguments_schema(interrupt.run)
+    if schema is None:
+        return None
+    return form_for_schema(schema)(data, initial=proposed, prefix="edit")
 
 
 @login_required
