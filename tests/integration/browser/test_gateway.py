@@ -156,12 +156,12 @@ def test_hosts_call_through_the_gateway_and_people_decide_in_the_browser(
     # Another call, as a 2025-11-25 task: rejected in the browser, it never reaches the upstream.
     other = {"order_id": "ord_2", "amount": 5000}
 
-    async def as_task() -> tuple[types.CreateTaskResult, types.GetTaskResult, types.CallToolResult]:
+    async def as_task() -> tuple[types.CreateTaskResult, types.GetTaskResult]:
         async with legacy(web, site.token) as (session, dispatcher):
             created = await call_as_task(dispatcher, "refund", other)
-            return created, await get_task(session, created.task.task_id), created  # type: ignore[return-value]
+            return created, await get_task(session, created.task.task_id)
 
-    created, status, _ = hosted(as_task())
+    created, status = hosted(as_task())
     assert status.status == "working"
     page.goto(f"/interrupts/{pending_of(web, site, other)}/")
     page.locator("summary:has-text('Reject')").first.click()
@@ -173,8 +173,8 @@ def test_hosts_call_through_the_gateway_and_people_decide_in_the_browser(
         async with legacy(web, site.token) as (session, _):
             return await task_result(session, created.task.task_id)
 
-    rejected = hosted(result_of_task())
-    assert rejected.is_error and "too much for one refund" in rejected.content[0].text  # type: ignore[union-attr]
+    rejected: types.CallToolResult = hosted(result_of_task())
+    assert rejected.is_error and "too much for one refund" in json.dumps(rejected.model_dump(mode="json"))
     assert [each["arguments"]["order_id"] for each in calls(log) if each["tool"] == "refund"] == ["ord_1"]
 
 
