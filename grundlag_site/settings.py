@@ -535,6 +535,9 @@ GRUNDLAG_MCP_WAIT_SECONDS = envfloat("GRUNDLAG_MCP_WAIT_SECONDS", "25", minimum=
 # it may take this long (connecting, and its answer) before it counts as failed.
 GRUNDLAG_GATEWAY_TOOLS_SECONDS = envint("GRUNDLAG_GATEWAY_TOOLS_SECONDS", "300", minimum=0)
 GRUNDLAG_GATEWAY_CALL_SECONDS = envfloat("GRUNDLAG_GATEWAY_CALL_SECONDS", "60", minimum=1)
+# A host that sends the same call again (same token, tool and arguments) within this long, before
+# it has been given the first one's result, joins the first (a retry); after it, it is a new call.
+GRUNDLAG_GATEWAY_RETRY_SECONDS = envint("GRUNDLAG_GATEWAY_RETRY_SECONDS", "3600", minimum=0)
 # Approval receipts (actions.engine.receipts): how long a receipt is good for after its decision.
 # A key retired by `manage.py receipt_keys rotate` stays in /.well-known/jwks.json this long.
 GRUNDLAG_RECEIPT_SECONDS = envint("GRUNDLAG_RECEIPT_SECONDS", "3600", minimum=60)

@@ -379,7 +379,7 @@ def test_an_edit_that_does_not_fit_the_tool_or_changes_nothing_or_is_not_a_tool_
 
     plain = engine.start_run("send_invoice", {"invoice_id": "I-2", "amount": 1}, team, None).interrupts.get()
     assert engine.proposed_arguments(plain) is None
-    with pytest.raises(engine.InvalidInput, match="only an agent's pending tool call"):
+    with pytest.raises(engine.InvalidInput, match="only a pending tool call"):
         engine.resume(plain, {"approved": True}, reviewer, arguments={"invoice_id": "I-3", "amount": 1})
     plain.refresh_from_db()
     assert plain.status == "pending"

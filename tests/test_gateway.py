@@ -2,17 +2,19 @@
 real upstream MCP server built with the official SDK (tests/mcp_upstream.py, in a thread), and its
 composition with the team's rules, grants, policies and N-of-M approvals: on SQLite and PostgreSQL,
 with worker and inline steps. The MCP endpoint itself is judged by the SDK's clients in
-tests/integration/test_gateway.py."""
+tests/integration/browser/test_gateway.py."""
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.utils import timezone
 
 from actions import engine
 from actions.drivers.gateway import GatewayDriver
@@ -27,6 +29,7 @@ from actions.models import (
     Policy,
     Role,
     Run,
+    Scope,
     Team,
     TeamRule,
 )
@@ -76,6 +79,12 @@ def call(token: ApiToken, upstream: McpUpstream, tool: str = "refund", arguments
     return run
 
 
+def verified(receipt: str, arguments: Any, **expected: Any) -> Any:
+    """What the receipt says, checked as the upstream checks it (for its own URL)."""
+    expected.setdefault("audience", McpUpstream.objects.get(name="payments").url)
+    return verify_receipt(receipt, engine.receipts.jwks(), arguments, **expected)
+
+
 def pending(run: Run) -> Interrupt:
     return Interrupt.objects.get(run=run, status=Interrupt.Status.PENDING)
 
@@ -96,13 +105,11 @@ def test_a_call_waits_for_a_person_and_then_reaches_the_upstream_once_with_a_rec
     [made] = upstream_server.calls()
     assert made["arguments"] == ORDER
     assert made["authorization"] == f"Bearer {SECRET}"  # its credentials, unsealed for the call
-    said = verify_receipt(
-        made["receipt"], engine.receipts.jwks(), ORDER, action="payments/refund", team="finance"
-    )
+    said = verified(made["receipt"], ORDER, action="payments/refund", team="finance")
     assert said.approved_by[0]["name"] == "reviewer1"
     assert said.run == run.pk and said.interrupt == it.pk
     with pytest.raises(InvalidReceipt, match="other arguments"):
-        verify_receipt(made["receipt"], engine.receipts.jwks(), {**ORDER, "amount": 9999})
+        verified(made["receipt"], {**ORDER, "amount": 9999})
 
     # The step again (a redelivered message, a worker lost after the call): never a second call.
     Run.objects.filter(pk=run.pk).update(status=Run.Status.QUEUED)
@@ -135,9 +142,9 @@ def test_an_edited_call_runs_with_the_reviewers_arguments_and_its_receipt_binds_
     engine.approve(it, None, reviewer, arguments=edited)
     [made] = upstream_server.calls()
     assert made["arguments"] == {"order_id": "ord_1", "amount": 20.0}
-    verify_receipt(made["receipt"], engine.receipts.jwks(), edited)
+    verified(made["receipt"], edited)
     with pytest.raises(InvalidReceipt):
-        verify_receipt(made["receipt"], engine.receipts.jwks(), ORDER)
+        verified(made["receipt"], ORDER)
 
 
 def test_the_same_call_again_before_its_result_was_given_joins_the_first(
@@ -151,7 +158,7 @@ def test_the_same_call_again_before_its_result_was_given_joins_the_first(
     engine.approve(pending(first), None, reviewer)
     again, joined_again = gateway.start_call(token, payments, "refund", dict(ORDER))
     assert joined_again and again.pk == first.pk  # finished, not yet given to the host
-    gateway.delivered(first.pk)
+    gateway.delivered(first.pk, token)
     fresh, joined_fresh = gateway.start_call(token, payments, "refund", dict(ORDER))
     assert not joined_fresh and fresh.pk != first.pk
     assert GatewayCall.objects.filter(upstream=payments).count() == 3
@@ -179,7 +186,7 @@ def test_each_tools_policy_against_the_teams_rules(
     it = Interrupt.objects.get(run=run)
     assert (it.decided_by_name, it.decided_via) == ("rule: small refunds", "rule")
     receipt = upstream_server.calls()[-1]["receipt"]
-    assert verify_receipt(receipt, engine.receipts.jwks(), ORDER).decided_via == "rule"
+    assert verified(receipt, ORDER).decided_via == "rule"
     # A rule that rejects: the upstream never hears of it.
     run = call(token, payments, "lookup_order", {"order_id": "ord_9"})
     assert (run.status, run.error) == (Run.Status.REJECTED, "ord_9 is under investigation")
@@ -190,13 +197,63 @@ def test_each_tools_policy_against_the_teams_rules(
     run = call(token, payments, arguments={"order_id": "ord_2", "amount": 5})
     assert run.status == Run.Status.INTERRUPTED
     assert pending(run).decided_via == ""
-    # never ask: straight through, recorded as a run without a pause, and no receipt.
+    # never ask: straight through, approved by the tool's own rule, after the team's (which
+    # still reject: ord_9 never reaches the upstream, whatever the tool's policy).
     gateway.set_policy(payments, "lookup_order", McpUpstream.Policy.NEVER, by=None)
     payments.refresh_from_db()
     run = call(token, payments, "lookup_order", {"order_id": "ord_3"})
-    assert run.status == Run.Status.COMPLETED and not Interrupt.objects.filter(run=run).exists()
+    assert run.status == Run.Status.COMPLETED, run.error
+    assert Interrupt.objects.get(run=run).decided_by_name == "rule: never ask (the tool's policy)"
     last = upstream_server.calls()[-1]
-    assert (last["tool"], last["receipt"]) == ("lookup_order", None)
+    assert last["tool"] == "lookup_order"
+    assert verified(last["receipt"], {"order_id": "ord_3"}).action == "payments/lookup_order"
+    run = call(token, payments, "lookup_order", {"order_id": "ord_9"})
+    assert (run.status, run.error) == (Run.Status.REJECTED, "ord_9 is under investigation")
+    assert [each["arguments"] for each in upstream_server.calls()].count({"order_id": "ord_9"}) == 0
+
+
+def test_no_token_approves_a_gateway_call_and_a_receipt_is_for_its_upstream_alone(
+    team: Team, token: ApiToken, payments: McpUpstream, upstream_server: Upstream, reviewer: User
+) -> None:
+    run = call(token, payments)
+    it = pending(run)
+    deciding = ApiToken.issue(team, "decider", [Scope.INTERRUPTS_DECIDE])[0]
+    for by in (token, deciding):
+        with pytest.raises(engine.NotAllowed):
+            engine.approve(it, None, by)
+    engine.approve(it, None, reviewer)
+    [made] = upstream_server.calls()
+    said = verified(made["receipt"], ORDER)
+    assert said.audience == payments.url
+    # A receipt made for one team's server is refused by another's, though every team's are
+    # signed with the site's keys.
+    with pytest.raises(InvalidReceipt, match="audience"):
+        verified(made["receipt"], ORDER, audience="https://payments.other-team.example/mcp")
+
+
+def test_removing_an_upstream_cancels_its_calls_waiting_for_a_decision(
+    token: ApiToken, payments: McpUpstream, upstream_server: Upstream
+) -> None:
+    run = call(token, payments)
+    gateway.remove(payments, by=None)
+    run.refresh_from_db()
+    assert run.status == Run.Status.CANCELLED
+    assert Interrupt.objects.get(run=run).status == Interrupt.Status.CANCELLED
+    assert upstream_server.calls() == []
+
+
+def test_a_retry_joins_only_a_recent_call_not_cancelled(
+    token: ApiToken, payments: McpUpstream, settings: Any
+) -> None:
+    first, _ = gateway.start_call(token, payments, "refund", dict(ORDER))
+    engine.cancel(first, token)
+    second, joined = gateway.start_call(token, payments, "refund", dict(ORDER))
+    assert not joined and second.pk != first.pk
+    GatewayCall.objects.filter(run=second).update(
+        created_at=timezone.now() - timedelta(seconds=settings.GRUNDLAG_GATEWAY_RETRY_SECONDS + 1)
+    )
+    third, joined = gateway.start_call(token, payments, "refund", dict(ORDER))
+    assert not joined and third.pk != second.pk
 
 
 def test_four_eyes_on_a_tool_even_with_a_null_answer(
@@ -213,7 +270,7 @@ def test_four_eyes_on_a_tool_even_with_a_null_answer(
     run.refresh_from_db()
     assert run.status == Run.Status.COMPLETED, run.error
     [made] = upstream_server.calls()
-    said = verify_receipt(made["receipt"], engine.receipts.jwks(), ORDER)
+    said = verified(made["receipt"], ORDER)
     assert [each["name"] for each in said.approved_by] == ["reviewer1", "reviewer2"]
 
 
@@ -235,6 +292,7 @@ def test_only_a_team_admin_registers_and_what_is_refused(
         ("ok", "ftp://example.com/mcp", None, "http"),
         ("ok", upstream_server.url, {"Host": "evil"}, "sets Host itself"),
         ("ok", upstream_server.url, {"X-Key": "a\r\nb"}, "line break"),
+        ("ok", upstream_server.url, {"X-Key": "Bearer s\x0b1"}, "control character"),
     ]:
         with pytest.raises(engine.InvalidInput, match=said):
             gateway.register(team, name, url, headers, by=reviewer)

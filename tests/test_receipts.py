@@ -44,7 +44,7 @@ def transfer(team: Team, amount: float = 250) -> Interrupt:
 
 
 def test_a_decided_interrupt_has_a_receipt_that_verifies_offline(
-    api: Api, client: Client, team: Team, reviewer: User
+    api: Api, client: Client, team: Team, reviewer: User, settings: Any
 ) -> None:
     it = transfer(team)
     pending = api.get(f"/interrupts/{it.pk}").json()
@@ -64,16 +64,19 @@ def test_a_decided_interrupt_has_a_receipt_that_verifies_offline(
         ({**run.input, "amount": 251}, "other arguments"),
     ]:
         with pytest.raises(InvalidReceipt, match=why):
-            verify_receipt(read["receipt"], jwks(client), wrong)
+            verify_receipt(read["receipt"], jwks(client), wrong, team="finance")
     with pytest.raises(InvalidReceipt, match="team"):
         verify_receipt(read["receipt"], jwks(client), run.input, team="payroll")
+    with pytest.raises(ValueError, match="audience"):
+        verify_receipt(read["receipt"], jwks(client), run.input)  # for whom?
+    assert said.audience == f"{settings.GRUNDLAG_BASE_URL}/teams/finance/"
     seen: set[str] = set()
-    verify_receipt(read["receipt"], jwks(client), run.input, seen=seen)
+    verify_receipt(read["receipt"], jwks(client), run.input, team="finance", seen=seen)
     with pytest.raises(InvalidReceipt, match="used already"):
-        verify_receipt(read["receipt"], jwks(client), run.input, seen=seen)
+        verify_receipt(read["receipt"], jwks(client), run.input, team="finance", seen=seen)
     later = timezone.now().timestamp() + 3600 + 120
     with pytest.raises(InvalidReceipt, match="expired"):
-        verify_receipt(read["receipt"], jwks(client), run.input, now=later)
+        verify_receipt(read["receipt"], jwks(client), run.input, team="finance", now=later)
 
 
 def test_a_rejected_interrupt_has_none_and_another_teams_is_not_found(
@@ -94,7 +97,7 @@ def test_an_approved_approval_carries_its_receipt_bound_to_the_question(
     engine.approve(Interrupt.objects.get(pk=asked["interrupt_id"]), {"approved": True}, reviewer)
     approval = api.get(f"/approvals/{asked['id']}").json()
     question = {"message": "Ship it?", "data": {"version": "2.4"}, "answer_schema": None}
-    said = verify_receipt(approval["receipt"], jwks(client), question, action="approval")
+    said = verify_receipt(approval["receipt"], jwks(client), question, team="finance", action="approval")
     assert said.interrupt == asked["interrupt_id"]
 
 
@@ -106,24 +109,32 @@ def test_rotation_keeps_old_receipts_good_until_they_expire_and_revoking_ends_th
     old = api.get(f"/interrupts/{it.pk}").json()["receipt"]
     arguments = Run.objects.get(pk=it.run_id).input
     [first] = jwks(client)["keys"]
+    ReceiptKey.objects.update(created_at=timezone.now() - timedelta(days=30))  # a key in use a while
     call_command("receipt_keys", "rotate")
     keys = jwks(client)["keys"]
-    assert len(keys) == 2 and first in keys
-    verify_receipt(old, {"keys": keys}, arguments)  # signed by the retired key, still published
+    assert len(keys) == 2 and first in keys  # the next key is published before it signs
+    # For JWKS_MAX_AGE, the old key still signs: a verifier's cached key set has the next one
+    # before it signs anything.
+    assert api.get(f"/interrupts/{it.pk}").json()["receipt"] == old
+    ahead = receipts.PUBLISHED_AHEAD + timedelta(seconds=1)
+    ReceiptKey.objects.exclude(kid=first["kid"]).update(created_at=timezone.now() - ahead)
+    ReceiptKey.objects.filter(kid=first["kid"]).update(retired_at=timezone.now() - timedelta(seconds=1))
     new = api.get(f"/interrupts/{it.pk}").json()["receipt"]
-    assert new != old and json.loads(client_receipts_header(new))["kid"] != first["kid"]
+    assert json.loads(client_receipts_header(new))["kid"] != first["kid"]
+    verify_receipt(old, jwks(client), arguments, team="finance")  # the retired key, still published
+    verify_receipt(new, jwks(client), arguments, team="finance")
     # Past the receipts' lifetime, the retired key is withdrawn.
     ReceiptKey.objects.filter(kid=first["kid"]).update(
         retired_at=timezone.now() - timedelta(seconds=settings.GRUNDLAG_RECEIPT_SECONDS + 1)
     )
-    assert [key["kid"] for key in jwks(client)["keys"]] != [first["kid"]]
+    assert first["kid"] not in [key["kid"] for key in jwks(client)["keys"]]
     with pytest.raises(InvalidReceipt, match="not signed"):
-        verify_receipt(old, jwks(client), arguments)
+        verify_receipt(old, jwks(client), arguments, team="finance")
     # Revoked: at once.
     current = receipts.signing_key().kid
     call_command("receipt_keys", "revoke", current)
     with pytest.raises(InvalidReceipt, match="not signed"):
-        verify_receipt(new, jwks(client), arguments)
+        verify_receipt(new, jwks(client), arguments, team="finance")
     assert receipts.signing_key().kid not in (current, first["kid"])  # a fresh key signs
 
 
@@ -146,12 +157,18 @@ def test_the_server_and_the_client_write_the_same_canonical_form(value: Any) -> 
     assert receipts.canonical_json(value) == client_receipts.canonical_json(value)
 
 
+def test_the_canonical_form_is_the_one_the_typescript_client_writes() -> None:
+    # The same value and text as clients/typescript/test/client.test.mjs asserts of canonicalJson.
+    value = {"b": [1, 2.0, 1e-7, 1e21, 0.1, -0.0, "é\n"], "a": None, "é": True}
+    assert receipts.canonical_json(value) == '{"a":null,"b":[1,2,1e-7,1e+21,0.1,0,"é\\n"],"é":true}'
+
+
 def test_sealed_values_open_after_secret_key_rotation_with_a_fallback(settings: Any) -> None:
     token = sealed.seal("hunter2")
     settings.SECRET_KEY_FALLBACKS = [settings.SECRET_KEY]
     settings.SECRET_KEY = "a-new-key-" + "x" * 40
     assert sealed.unseal(token) == "hunter2"
-    assert sealed.unseal(sealed.reseal(token)) == "hunter2"
+    assert sealed.unseal(sealed.seal("new")) == "new"
     settings.SECRET_KEY_FALLBACKS = []
     with pytest.raises(sealed.Unreadable, match="SECRET_KEY_FALLBACKS"):
         sealed.unseal(token)

@@ -1,5 +1,5 @@
-"""The MCP gateway's upstreams (the token's team's MCP servers, served at /mcp/gateway/<name>/,
-actions.drivers.gateway), and the interrupts' approval receipts."""
+"""The MCP gateway's upstreams: the token's team's MCP servers, served at /mcp/gateway/<name>/
+(actions.drivers.gateway)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,9 @@ from pydantic import Field
 
 from actions import engine
 from actions.api.base import Error, In, needs, token_of
-from actions.api.responses import get_interrupt
-from actions.models import McpUpstream, Run, Scope
+from actions.models import McpUpstream, Scope
 
 router = Router()
-
-# Each upstream is a server the site calls for the team: a cap, as for webhooks.
-MAX_UPSTREAMS_PER_TEAM = 20
 
 
 class UpstreamIn(In):
@@ -93,8 +89,6 @@ def create_upstream(request: HttpRequest, payload: UpstreamIn) -> Status[dict[st
     """Put the team's approvals in front of an MCP server: its tools are served at
     `/mcp/gateway/{name}/`, and each call is decided by its tool's policy before it is made."""
     token = token_of(request)
-    if McpUpstream.objects.filter(team=token.team_id).count() >= MAX_UPSTREAMS_PER_TEAM:
-        raise HttpError(422, f"a team has at most {MAX_UPSTREAMS_PER_TEAM} MCP upstreams; remove one first")
     with transaction.atomic():
         upstream = engine.gateway.register(token.team, payload.name, payload.url, payload.headers, by=token)
         for tool, policy in payload.tool_policies.items():
@@ -123,56 +117,3 @@ def delete_upstream(request: HttpRequest, name: str) -> Status[None]:
         raise HttpError(404, "no such MCP upstream")
     engine.gateway.remove(upstream, by=token)
     return Status(204, None)
-
-
-# Receipts
-
-
-class InterruptDetailOut(Schema):
-    id: int
-    run_id: int
-    seq: int
-    action: str
-    message: str
-    data: Any
-    status: str
-    answer: Any
-    edited_arguments: Any
-    reason: str
-    decided_by: str | None
-    decided_via: str
-    decided_at: datetime | None
-    created_at: datetime
-    receipt: str | None = Field(
-        description="Once approved: the decision as a signed receipt (a compact JWS, EdDSA over Ed25519), "
-        "checked against /.well-known/jwks.json and the arguments the call runs with"
-    )
-
-
-@router.get(
-    "/interrupts/{interrupt_id}",
-    response={200: InterruptDetailOut, 404: Error},
-    tags=["interrupts"],
-    auth=needs(Scope.INTERRUPTS_READ, Scope.INTERRUPTS_DECIDE),
-)
-def read_interrupt(request: HttpRequest, interrupt_id: int) -> dict[str, Any]:
-    """One of the team's interrupts and how it was decided; once approved, its `receipt`."""
-    it = get_interrupt(token_of(request), interrupt_id)
-    run = Run.objects.only("id", "input", "consumer", "team_id").get(pk=it.run_id)
-    return {
-        "id": it.pk,
-        "run_id": it.run_id,
-        "seq": it.seq,
-        "action": it.action,
-        "message": it.message,
-        "data": it.data,
-        "status": it.status,
-        "answer": it.answer,
-        "edited_arguments": it.edited_arguments,
-        "reason": it.reason,
-        "decided_by": it.decided_by_name or None,
-        "decided_via": it.decided_via,
-        "decided_at": it.decided_at,
-        "created_at": it.created_at,
-        "receipt": engine.receipts.receipt_for(it, run),
-    }

@@ -28,7 +28,7 @@ from actions.api.base import (
     needs,
     token_of,
 )
-from actions.api.responses import decided, get_run, run_out, settled_response, started
+from actions.api.responses import decided, get_interrupt, get_run, run_out, settled_response, started
 from actions.core import registry
 from actions.models import AuditExport, Interrupt, Run, Scope, actor_name
 from actions.reads import history
@@ -261,6 +261,56 @@ def list_interrupts(
         for it in page["items"]
     ]
     return page
+
+
+class InterruptDetailOut(Schema):
+    id: int
+    run_id: int
+    seq: int
+    action: str
+    message: str
+    data: Any
+    status: str
+    answer: Any
+    edited_arguments: Any
+    reason: str
+    decided_by: str | None
+    decided_via: str
+    decided_at: datetime | None
+    created_at: datetime
+    receipt: str | None = Field(
+        description="Once approved: the decision as a signed receipt (a compact JWS, EdDSA over Ed25519), "
+        "checked against /.well-known/jwks.json and the arguments the call runs with"
+    )
+
+
+@router.get(
+    "/interrupts/{interrupt_id}",
+    response={200: InterruptDetailOut, 404: Error},
+    tags=["interrupts"],
+    auth=needs(Scope.INTERRUPTS_READ, Scope.INTERRUPTS_DECIDE),
+)
+def read_interrupt(request: HttpRequest, interrupt_id: int) -> dict[str, Any]:
+    """One of the team's interrupts and how it was decided; once approved, its `receipt`."""
+    it = get_interrupt(token_of(request), interrupt_id)
+    run = Run.objects.only("id", "input", "consumer", "team_id").get(pk=it.run_id)
+    return {
+        "id": it.pk,
+        "run_id": it.run_id,
+        "seq": it.seq,
+        "action": it.action,
+        "message": it.message,
+        "data": it.data,
+        "status": it.status,
+        "answer": it.answer,
+        "edited_arguments": it.edited_arguments,
+        "reason": it.reason,
+        "decided_by": it.decided_by_name or None,
+        "decided_via": it.decided_via,
+        "decided_at": it.decided_at,
+        "created_at": it.created_at,
+        "receipt": engine.receipts.receipt_for(it, run),
+    }
 
 
 # What a listed interrupt says (InterruptListItem): read alone, never its checkpoint.

@@ -1,13 +1,14 @@
 """The gateway consumer: a tool call an agent host makes to a team's upstream MCP server
 through the gateway (/mcp/gateway/<name>/), decided before it is made.
 
-Each call is a run (actions.engine.gateway.start_call). Its step pauses, unless the tool's
-policy is "never ask": the pause is the team's to decide like any other (its rules and grants
-read ``action``, ``<upstream>/<tool>``, and ``input``, the arguments; "always ask" lets neither
-approve), and a reviewer may edit the arguments before approving. Once approved, the next step
-calls the upstream, once: with the arguments approved, and the approval's signed receipt in the
-call's ``_meta`` (``io.grundlag/receipt``), for the upstream to check
-(actions.engine.receipts). The upstream's result, an error result included, is the run's
+Each call is a run (actions.engine.gateway.start_call). Its step pauses, and the pause is the
+team's to decide like any other: its rules and grants read ``action``, ``<upstream>/<tool>``, and
+``input``, the arguments; "always ask" lets neither approve; "never ask" is an approving rule of
+the tool's own, after the team's (which may still reject, route or ask for more). No token
+approves it (the host's token asked), and a reviewer may edit the arguments before approving.
+Once approved, the next step calls the upstream, once: with the arguments approved, and the
+approval's signed receipt in the call's ``_meta`` (``io.grundlag/receipt``), for the upstream to
+check (actions.engine.receipts). The upstream's result, an error result included, is the run's
 output; a call that could not be made (the upstream down, refusing, too slow) fails the run
 with why.
 
@@ -18,6 +19,8 @@ registered for them (sealed in the database), no proxy from the environment and 
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 from typing import Any, cast
 
@@ -29,6 +32,7 @@ from mcp import Client
 from mcp.client.session import IncomingMessage
 from mcp.client.streamable_http import streamable_http_client
 
+from actions.core import Approve, Rule
 from actions.engine import gateway, outbound, receipts
 from actions.engine.driving import Answers, Driver, Pause, StepResult, call_binding
 from actions.models import Interrupt, McpUpstream, Run
@@ -36,8 +40,11 @@ from actions.models import Interrupt, McpUpstream, Run
 logger = logging.getLogger(__name__)
 
 RECEIPT_META = "io.grundlag/receipt"
+# "never ask": approved at once, unless one of the team's rules (evaluated first) says otherwise.
+NEVER_ASK = Rule("never ask (the tool's policy)", "true", Approve())
 RUN_META = "io.grundlag/run"
 MAX_TOOLS = 1000
+MAX_TOOLS_BYTES = 1024 * 1024
 
 
 class UpstreamFailed(Exception):
@@ -59,13 +66,13 @@ class _Pinned(httpx2.AsyncHTTPTransport):
         return await super().handle_async_request(request)
 
 
-def _http(upstream: McpUpstream) -> httpx2.AsyncClient:
+def _http(upstream: McpUpstream, headers: dict[str, str]) -> httpx2.AsyncClient:
     problem, addresses = outbound.resolve(upstream.url)
     if problem:
         raise UpstreamFailed(f"refused: {problem}")
     seconds = settings.GRUNDLAG_GATEWAY_CALL_SECONDS
     return httpx2.AsyncClient(
-        headers=gateway.headers_of(upstream),
+        headers=headers,
         timeout=httpx2.Timeout(seconds),
         transport=_Pinned(addresses[0]),
         follow_redirects=False,
@@ -86,9 +93,11 @@ class _Listener:
 
 async def _exchange(upstream: McpUpstream, ask: Any) -> Any:
     listener = _Listener()
+    headers = gateway.headers_of(upstream)
     try:
         async with (
-            _http(upstream) as http,
+            asyncio.timeout(settings.GRUNDLAG_GATEWAY_CALL_SECONDS),
+            _http(upstream, headers) as http,
             Client(
                 streamable_http_client(upstream.url, http_client=http),
                 message_handler=listener,
@@ -99,12 +108,23 @@ async def _exchange(upstream: McpUpstream, ask: Any) -> Any:
             answer = await ask(client)
     except UpstreamFailed:
         raise
+    except TimeoutError:
+        raise UpstreamFailed(f"no answer within {settings.GRUNDLAG_GATEWAY_CALL_SECONDS:g} s") from None
     except Exception as exc:  # noqa: BLE001 - whatever stopped the exchange, said to the team
-        logger.info("MCP upstream %s failed: %r", upstream, exc)
-        raise UpstreamFailed(_why(exc)) from None
+        why = _redacted(_why(exc), headers)
+        logger.info("MCP upstream %s failed: %s", upstream, why)
+        raise UpstreamFailed(why) from None
     if listener.tools_changed:
         gateway.tools_changed(upstream.pk)
     return answer
+
+
+def _redacted(text: str, headers: dict[str, str]) -> str:
+    """``text`` without the upstream's credentials (an HTTP library's error may quote a header)."""
+    for value in headers.values():
+        if len(value) >= 4:
+            text = text.replace(value, "[redacted]")
+    return text
 
 
 def _why(exc: BaseException) -> str:
@@ -124,10 +144,25 @@ async def list_tools(upstream: McpUpstream) -> list[dict[str, Any]]:
             page = await client.list_tools(cursor=cursor)
             tools += [tool.model_dump(by_alias=True, mode="json", exclude_none=True) for tool in page.tools]
             cursor = page.next_cursor
-            if not cursor or len(tools) >= MAX_TOOLS:
+            if not cursor or not page.tools or len(tools) >= MAX_TOOLS:
                 return tools[:MAX_TOOLS]
 
     tools: list[dict[str, Any]] = await _exchange(upstream, ask)
+    if len(json.dumps(tools)) > MAX_TOOLS_BYTES:
+        raise UpstreamFailed(f"its tools/list is over {MAX_TOOLS_BYTES // 1024} KiB")
+    return tools
+
+
+def refresh_tools(upstream: McpUpstream) -> list[dict[str, Any]]:
+    """Ask the upstream for its tools now, and keep what it said (or why it could not say).
+    Raises UpstreamFailed."""
+    try:
+        tools: list[dict[str, Any]] = async_to_sync(list_tools)(upstream)
+    except UpstreamFailed as exc:
+        gateway.record_tools(upstream.pk, None, str(exc))
+        raise
+    gateway.record_tools(upstream.pk, tools)
+    upstream.tools = tools
     return tools
 
 
@@ -154,7 +189,7 @@ class GatewayDriver(Driver):
         state = run.driver_state
         bound = binding(run)
         answer = answers.for_call(bound)
-        if answer is None and state.get("policy") != McpUpstream.Policy.NEVER:
+        if answer is None:
             return StepResult(Run.Status.INTERRUPTED, pauses=[self.pause(run, bound)])
         arguments = state.get("arguments") or {}
         if answer is not None and answer.arguments is not None:
@@ -165,15 +200,11 @@ class GatewayDriver(Driver):
                 Run.Status.FAILED, error="the MCP upstream was removed before the call was made"
             )
         meta: dict[str, Any] = {RUN_META: run.pk}
-        if answer is not None:
-            approved = (
-                Interrupt.objects.filter(run_id=run.pk, status=Interrupt.Status.APPROVED)
-                .select_related("team")
-                .order_by("-seq")
-                .first()
-            )
-            if approved is not None:
-                meta[RECEIPT_META] = receipts.receipt_for(approved, run)
+        approved = (
+            Interrupt.objects.filter(run_id=run.pk, status=Interrupt.Status.APPROVED).order_by("-seq").first()
+        )
+        if approved is not None:
+            meta[RECEIPT_META] = receipts.receipt_for(approved, run)
         if not gateway.claim_call(run.pk):
             return StepResult(
                 Run.Status.FAILED,
@@ -188,15 +219,28 @@ class GatewayDriver(Driver):
             return StepResult(
                 Run.Status.FAILED, error=f"the MCP upstream {upstream.name} could not be called: {exc}"
             )
+        if len(json.dumps(result)) > settings.GRUNDLAG_MAX_PAYLOAD_BYTES:
+            # It ran: what it said is too large to keep, and saying so is the result.
+            said = (
+                f"{state['tool']} ran on {upstream.name}; its result was over the site's limit of"
+                f" {settings.GRUNDLAG_MAX_PAYLOAD_BYTES} bytes and is not kept."
+            )
+            result = {"content": [{"type": "text", "text": said}], "isError": True}
         return StepResult(Run.Status.COMPLETED, output=result)
 
     @staticmethod
     def pause(run: Run, bound: dict[str, Any]) -> Pause:
         state = run.driver_state
         upstream_name, _, tool = run.action.partition("/")
-        policy: dict[str, Any] = {}
+        # The host's token asked: no token approves it, whatever its scopes (a person does, or
+        # a rule or a grant where the tool's policy lets them).
+        policy: dict[str, Any] = {"requester_may_approve": False}
         if state.get("policy") == McpUpstream.Policy.ASK:
             policy["auto_approve"] = False
+        elif state.get("policy") == McpUpstream.Policy.NEVER:
+            # The tool's own rule, after the team's: a team rule that rejects, routes or asks for
+            # more approvals comes first; else this approves it at once.
+            policy["rules"] = (NEVER_ASK,)
         return Pause(
             f"Call {tool} on {upstream_name}",
             {

@@ -394,7 +394,8 @@ def approve(
 
 def proposed_arguments(interrupt: Interrupt, run: Run | None = None) -> Any:
     """The arguments of the call ``interrupt`` holds, when a reviewer may edit them before
-    approving; else None. Only a pending agent tool call, at its first pause (a later one
+    approving; else None. Only a pending tool call (an agent's, or one through the MCP gateway),
+    at its first pause (a later one
     resumes a checkpoint made with the arguments it has: an edit then would resume it with
     others), and decided by one person (several approve the same arguments or none)."""
     binding = interrupt.binding or {}
@@ -415,8 +416,9 @@ def arguments_schema(run: Run) -> dict[str, Any] | None:
 
 
 def validate_edit(interrupt: Interrupt, arguments: Any) -> tuple[Any, Any] | None:
-    """(proposed, edited) arguments, both as the tool's input model reads them; None when the
-    edit changes nothing. InvalidInput when the call cannot be edited or the edit does not fit
+    """(proposed, edited) arguments, both as the tool's input model reads them (an upstream MCP
+    server's tool: as given, checked against its input schema); None when the edit changes
+    nothing. InvalidInput when the call cannot be edited or the edit does not fit
     the tool's input schema."""
     check_size("the arguments", arguments)
     run = Run.objects.only("consumer", "driver_state", "action").get(pk=interrupt.run_id)

@@ -160,7 +160,8 @@ class Driver:
 
     def arguments_schema(self, run: Run) -> dict[str, Any] | None:
         """The JSON Schema an edit of a call of ``run`` must fit, for a driver whose calls are
-        not registered actions (a tool of an upstream MCP server); None: the action's."""
+        not registered actions (a tool of an upstream MCP server); None for a driver whose calls
+        are (their input models say)."""
         return None
 
 

@@ -6,24 +6,28 @@ A call is a run (consumer ``gateway``, action ``<upstream>/<tool>``): its pause 
 any other (the team's rules and grants over ``action`` and ``input``, the arguments; then
 people), and its step calls the upstream once, after the approval. A host that sends a call
 again, the same tool with the same arguments, before it has been given the first one's result
-joins the first: a retry does not ask twice, nor run twice."""
+joins the first (within GRUNDLAG_GATEWAY_RETRY_SECONDS): a retry does not ask twice, nor run
+twice."""
 
 from __future__ import annotations
 
 import json
 import logging
 import re
+from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from actions.engine import outbound, sealed
+from actions.engine.decisions import cancel
 from actions.engine.driving import arguments_hash
 from actions.engine.errors import InvalidInput, NotAllowed, check_size
 from actions.engine.policies import role_refusal
-from actions.engine.schemas import field_error
+from actions.engine.schemas import REFUSED, check_answer_schema, field_error
 from actions.engine.steps import start_run
 from actions.models import (
     UPSTREAM_NAME,
@@ -41,9 +45,13 @@ from actions.models import (
 logger = logging.getLogger(__name__)
 
 MAX_HEADERS = 20
+# Each upstream is a server the site calls for the team: a cap, as for webhooks.
+MAX_UPSTREAMS_PER_TEAM = 20
 MAX_HEADER_BYTES = 8192
 # RFC 9110's token: what a header's name may be.
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,100}$")
+# RFC 9110's field-value, in ASCII: visible characters, spaces and tabs (no control character).
+_HEADER_VALUE = re.compile(r"^[\t\x20-\x7e]*$")
 # Set by the gateway itself, or by the transport: not the team's to choose.
 _RESERVED = {"host", "content-length", "content-type", "accept", "connection", "transfer-encoding",
              "mcp-protocol-version", "mcp-session-id"}  # fmt: skip
@@ -88,9 +96,10 @@ def check_headers(headers: Any) -> dict[str, str]:
             raise InvalidInput(
                 f"the gateway sets {name} itself", [field_error("headers", f"{name} is the gateway's")]
             )
-        if any(char in value for char in "\r\n\0"):
+        if not _HEADER_VALUE.match(value):
             raise InvalidInput(
-                f"the value of {name} has a line break", [field_error("headers", f"{name}: no line breaks")]
+                f"the value of {name} has a line break or another control character",
+                [field_error("headers", f"{name}: no control characters")],
             )
     return dict(headers)
 
@@ -111,6 +120,11 @@ def register(team: Team, name: str, url: str, headers: Any = None, *, by: Actor)
     if problem := outbound.url_problem(url):
         raise InvalidInput(f"url: {problem}", [field_error("url", problem)])
     checked = check_headers(headers)
+    if McpUpstream.objects.filter(team=team).count() >= MAX_UPSTREAMS_PER_TEAM:
+        raise InvalidInput(
+            f"a team has at most {MAX_UPSTREAMS_PER_TEAM} MCP upstreams; remove one first",
+            [field_error("name", "too many upstreams")],
+        )
     upstream = McpUpstream(
         team=team,
         name=name,
@@ -131,10 +145,20 @@ def register(team: Team, name: str, url: str, headers: Any = None, *, by: Actor)
 
 
 def remove(upstream: McpUpstream, *, by: Actor) -> None:
-    """Remove an upstream: its tools are served no more; the calls made through it stay in the
-    history (a pending one is cancelled by whoever cancels its run)."""
+    """Remove an upstream: its tools are served no more, and its calls still waiting for a
+    decision are cancelled (they leave the inbox; their hosts' tasks end cancelled). The calls
+    made through it stay in the history. A call whose step is running when it is removed fails
+    ("removed") rather than reaching the server."""
     _may_manage(by, upstream.team)
-    upstream.delete()
+    with transaction.atomic():
+        waiting = Run.objects.filter(
+            gateway_call__upstream=upstream, status__in=[Run.Status.QUEUED, Run.Status.INTERRUPTED]
+        ).values_list("pk", flat=True)
+        for run in Run.objects.filter(pk__in=list(waiting)):
+            # By the engine: removing the upstream is the admin's decision, whoever the calls
+            # are assigned to (the log says who removed it).
+            cancel(run, None)
+        upstream.delete()
     logger.info("MCP upstream %s removed by %s", upstream, actor_name(by))
 
 
@@ -145,12 +169,15 @@ def set_policy(upstream: McpUpstream, tool: str, policy: str, *, by: Actor) -> N
         raise InvalidInput(
             f"policy must be one of {', '.join(Policy.values)}", [field_error("policy", "unknown")]
         )
-    if tool:
-        upstream.tool_policies = {**upstream.tool_policies, tool: policy}
-        upstream.save(update_fields=["tool_policies"])
-    else:
-        upstream.default_policy = policy
-        upstream.save(update_fields=["default_policy"])
+    with transaction.atomic():
+        # Locked: two admins setting two tools' policies at once both keep theirs.
+        locked = McpUpstream.objects.select_for_update().get(pk=upstream.pk)
+        if tool:
+            locked.tool_policies = {**locked.tool_policies, tool: policy}
+        else:
+            locked.default_policy = policy
+        locked.save(update_fields=["tool_policies", "default_policy"])
+    upstream.tool_policies, upstream.default_policy = locked.tool_policies, locked.default_policy
     logger.info(
         "MCP upstream %s: %s set to %s by %s", upstream, tool or "the default", policy, actor_name(by)
     )
@@ -159,8 +186,11 @@ def set_policy(upstream: McpUpstream, tool: str, policy: str, *, by: Actor) -> N
 def clear_policy(upstream: McpUpstream, tool: str, *, by: Actor) -> None:
     """The tool follows the upstream's default policy again."""
     _may_manage(by, upstream.team)
-    upstream.tool_policies = {name: policy for name, policy in upstream.tool_policies.items() if name != tool}
-    upstream.save(update_fields=["tool_policies"])
+    with transaction.atomic():
+        locked = McpUpstream.objects.select_for_update().get(pk=upstream.pk)
+        locked.tool_policies = {name: policy for name, policy in locked.tool_policies.items() if name != tool}
+        locked.save(update_fields=["tool_policies"])
+    upstream.tool_policies = locked.tool_policies
     logger.info("MCP upstream %s: %s follows the default, set by %s", upstream, tool, actor_name(by))
 
 
@@ -169,16 +199,45 @@ def headers_of(upstream: McpUpstream) -> dict[str, str]:
 
 
 def record_tools(upstream_id: int, tools: list[dict[str, Any]] | None, error: str = "") -> None:
-    """What an upstream's tools/list said (None, with ``error``: it could not be asked)."""
-    changes: dict[str, Any] = {"tools_fetched_at": timezone.now(), "tools_error": error[:500]}
+    """What an upstream's tools/list said (None, with ``error``: it could not be asked). A
+    failure keeps what it said before for GRUNDLAG_GATEWAY_TOOLS_SECONDS, if it ever said
+    anything; one that never listed its tools is asked again at the next request."""
+    found = McpUpstream.objects.filter(pk=upstream_id)
     if tools is not None:
-        changes["tools"] = tools
-    McpUpstream.objects.filter(pk=upstream_id).update(**changes)
+        found.update(tools=tools, tools_fetched_at=timezone.now(), tools_error="")
+    else:
+        found.update(tools_error=error[:500])
+        found.exclude(tools=[]).update(tools_fetched_at=timezone.now())
 
 
 def tools_changed(upstream_id: int) -> None:
     """The upstream said its list changed: it is asked again at the next tools/list."""
     McpUpstream.objects.filter(pk=upstream_id).update(tools_fetched_at=None)
+
+
+def _without(node: Any, keywords: set[str]) -> Any:
+    if isinstance(node, dict):
+        return {key: _without(value, keywords) for key, value in node.items() if key not in keywords}
+    if isinstance(node, list):
+        return [_without(each, keywords) for each in node]
+    return node
+
+
+def editable_schema(schema: Any) -> dict[str, Any]:
+    """What a reviewer's edit of a tool's arguments is checked against, and its form made from:
+    the tool's input schema, held to what the site takes of any schema from outside
+    (actions.engine.schemas: no regular expressions, no references, bounded), with what it
+    refuses left out; a schema that is still refused checks only that the arguments are an
+    object."""
+    if not isinstance(schema, dict):
+        return {"type": "object"}
+    for candidate in (schema, _without(schema, set(REFUSED))):
+        try:
+            check_answer_schema(candidate)
+        except InvalidInput:
+            continue
+        return dict(candidate)
+    return {"type": "object"}
 
 
 def for_token(token: ApiToken, name: str) -> McpUpstream | None:
@@ -189,9 +248,9 @@ def start_call(
     token: ApiToken, upstream: McpUpstream, tool: str, arguments: dict[str, Any]
 ) -> tuple[Run, bool]:
     """The run of a call to ``tool`` with ``arguments``, and whether it is an earlier one's: the
-    same token's same call, whose result it has not been given yet (a retry joins it). Else a
-    new run, whose step asks (or not) as the tool's policy says. InvalidInput: arguments too
-    large."""
+    same token's same call, made less than GRUNDLAG_GATEWAY_RETRY_SECONDS ago, whose result it
+    has not been given yet (a retry joins it). Else a new run, whose step asks (or not) as the
+    tool's policy says. InvalidInput: arguments too large."""
     check_size("the arguments", arguments)
     digest = arguments_hash(arguments)
     policy = upstream.policy_for(tool)
@@ -199,9 +258,15 @@ def start_call(
         # One call at a time per upstream makes "join or start" one decision (SQLite's writes
         # are one at a time anyway).
         McpUpstream.objects.select_for_update().filter(pk=upstream.pk).first()
+        since = timezone.now() - timedelta(seconds=settings.GRUNDLAG_GATEWAY_RETRY_SECONDS)
         earlier = (
             GatewayCall.objects.filter(
-                token=token, upstream=upstream, tool=tool, arguments_sha256=digest, delivered=False
+                token=token,
+                upstream=upstream,
+                tool=tool,
+                arguments_sha256=digest,
+                delivered=False,
+                created_at__gte=since,
             )
             .exclude(run__status=Run.Status.CANCELLED)
             .select_related("run")
@@ -222,7 +287,7 @@ def start_call(
                 "tool": tool,
                 "arguments": arguments,
                 "policy": policy,
-                "input_schema": described.get("inputSchema"),
+                "input_schema": editable_schema(described.get("inputSchema")),
                 "description": (described.get("description") or "")[:500],
             },
         )
@@ -232,9 +297,10 @@ def start_call(
     return run, False
 
 
-def delivered(run_id: int) -> None:
-    """The host has been given the call's final result: the same call again is a new call."""
-    GatewayCall.objects.filter(run_id=run_id, delivered=False).update(delivered=True)
+def delivered(run_id: int, token: ApiToken) -> None:
+    """The host that made the call (its token) has been given its final result: the same call
+    again is a new call. Another token of the team reading the task changes nothing."""
+    GatewayCall.objects.filter(run_id=run_id, token=token, delivered=False).update(delivered=True)
 
 
 def claim_call(run_id: int) -> bool:

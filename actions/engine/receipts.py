@@ -7,7 +7,11 @@ A receipt is signed with Ed25519 (EdDSA; the header names it by RFC 9864's fully
 - ``jti``: the call it approves (its run, its pause, and the call's binding: action, turn,
   position, argument hash), the same for every copy: a tool that keeps the ids it has acted on
   acts once per approved call;
-- ``team``, ``action`` (a gateway call's is ``<upstream>/<tool>``), ``run``, ``interrupt``;
+- ``aud``, whom it is for: a gateway call's upstream server (its URL as registered), else the
+  team's page here; a tool checks it is its own, so that a receipt one team's admins made for
+  their server cannot be replayed at another team's;
+- ``team`` (whose call it is), ``action`` (a gateway call's is ``<upstream>/<tool>``), ``run``,
+  ``interrupt``;
 - ``arguments_sha256``: the SHA-256 of the arguments the call is to run with (a reviewer's edit,
   where they edited it), in RFC 8785's canonical JSON: the tool hashes what it was given and
   compares;
@@ -25,21 +29,24 @@ import functools
 import hashlib
 import json
 import math
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 from joserfc import jws
 from joserfc.jwk import OKPKey
 
 from actions.engine import sealed
 from actions.engine.rules import call_input
-from actions.models import Interrupt, ReceiptKey, Run
+from actions.models import GatewayCall, Interrupt, ReceiptKey, Run
 
 ALGORITHM = "Ed25519"
 TYPE = "grundlag-receipt+jwt"
+JWKS_MAX_AGE = 300  # seconds: /.well-known/jwks.json's Cache-Control
 
 
 def _canonical(value: Any) -> str:
@@ -47,7 +54,8 @@ def _canonical(value: Any) -> str:
 
 
 # The same as the clients' (clients/python, clients/typescript): the server may not depend on
-# them, and tests/test_receipts.py holds the three to one answer.
+# them. tests/test_receipts.py holds the server's and the Python client's to one answer, and to
+# the text clients/typescript/test/client.test.mjs holds the TypeScript client's to.
 
 
 def _number(value: float | int) -> str:
@@ -112,17 +120,32 @@ def _new_key() -> ReceiptKey:
     )
 
 
+# A new key is published this long before it signs: a verifier that keeps the key set as long
+# as /.well-known/jwks.json's Cache-Control says has it before the first receipt it signs.
+PUBLISHED_AHEAD = timedelta(seconds=JWKS_MAX_AGE)
+
+
 def signing_key() -> ReceiptKey:
-    """The key receipts are signed with now: the newest not retired (made at first use)."""
-    key = ReceiptKey.objects.filter(retired_at=None, revoked_at=None).first()
-    return key if key is not None else _new_key()
+    """The key receipts are signed with now (made at first use): the newest in force that has
+    been published PUBLISHED_AHEAD; the newest in force, while none has."""
+    now = timezone.now()
+    in_force = list(
+        ReceiptKey.objects.filter(revoked_at=None).filter(Q(retired_at=None) | Q(retired_at__gt=now))[:10]
+    )
+    for key in in_force:
+        if key.created_at <= now - PUBLISHED_AHEAD:
+            return key
+    return in_force[0] if in_force else _new_key()
 
 
 def rotate() -> ReceiptKey:
-    """A new signing key; the others retire (published until their receipts expire)."""
+    """A new signing key, published now and signing PUBLISHED_AHEAD from now; the keys before
+    it retire then (and stay published until the receipts they signed expire)."""
     with transaction.atomic():
         key = _new_key()
-        ReceiptKey.objects.filter(retired_at=None).exclude(pk=key.pk).update(retired_at=timezone.now())
+        ReceiptKey.objects.filter(retired_at=None, revoked_at=None).exclude(pk=key.pk).update(
+            retired_at=timezone.now() + PUBLISHED_AHEAD
+        )
     return key
 
 
@@ -171,6 +194,16 @@ def arguments_of(interrupt: Interrupt, run: Run) -> Any:
     return call_input(run, interrupt.arguments)
 
 
+def audience(run: Run) -> str:
+    """Whom a receipt is for: the upstream MCP server a gateway call goes to (its URL as
+    registered), else the team's page on this site."""
+    if run.consumer == Run.Consumer.GATEWAY:
+        call = GatewayCall.objects.filter(run_id=run.pk).select_related("upstream").first()
+        if call is not None and call.upstream is not None:
+            return call.upstream.url
+    return f"{settings.GRUNDLAG_BASE_URL.rstrip('/')}/teams/{run.team.slug}/"
+
+
 def claims(interrupt: Interrupt, run: Run) -> dict[str, Any]:
     assert interrupt.decided_at is not None
     decided = int(interrupt.decided_at.timestamp())
@@ -179,7 +212,11 @@ def claims(interrupt: Interrupt, run: Run) -> dict[str, Any]:
         "jti": call_id(run.pk, interrupt.seq, interrupt.binding or {}),
         "iat": decided,
         "exp": decided + settings.GRUNDLAG_RECEIPT_SECONDS,
-        "team": interrupt.team.slug,
+        # Whom it approves for: the team whose call it is (a rule may have routed the decision
+        # to another), and where the call goes: a gateway upstream's URL, else the team's page.
+        # A tool checks ``aud``: a receipt made for another team's server is not one for it.
+        "aud": audience(run),
+        "team": run.team.slug,
         "action": interrupt.action,
         "run": run.pk,
         "interrupt": interrupt.pk,

@@ -1,7 +1,8 @@
 """Secrets kept in the database sealed (an upstream MCP server's credentials, the receipts'
 private keys): Fernet (AES-128-CBC with HMAC-SHA256, from ``cryptography``), with a key derived
 from SECRET_KEY by HKDF. SECRET_KEY_FALLBACKS still open what older keys sealed, so rotating
-SECRET_KEY the way Django documents keeps them readable; ``reseal`` writes them under the new one."""
+SECRET_KEY the way Django documents keeps them readable (re-register an upstream's credentials,
+and rotate the receipts' key, before dropping the old key from the fallbacks)."""
 
 from __future__ import annotations
 
@@ -45,11 +46,3 @@ def unseal(token: str) -> str:
         raise Unreadable(
             "sealed under a key this site no longer has: put the old SECRET_KEY in SECRET_KEY_FALLBACKS"
         ) from None
-
-
-def reseal(token: str) -> str:
-    """``token`` sealed again under the current SECRET_KEY."""
-    try:
-        return _current().rotate(token.encode()).decode()
-    except InvalidToken:
-        raise Unreadable("sealed under a key this site no longer has") from None

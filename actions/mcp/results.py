@@ -152,6 +152,15 @@ def api_url(run: Run) -> str:
 
 def pending_result(run: Run, waiting_on: Interrupt | None) -> types.CallToolResult:
     about = {"run_id": run.pk, "status": "pending", "url": run_url(run), "api_url": api_url(run)}
+    if run.consumer == Run.Consumer.GATEWAY:
+        # An upstream's tool may declare an outputSchema, which clients check a result's
+        # structured content against (and insist on): "pending" is not its output. As an error,
+        # it is checked against nothing, and the model reads that the call has not run yet.
+        text = (
+            f"{pending_text(run, waiting_on)}. It has not run yet: call it again with the same"
+            " arguments for its result."
+        )
+        return text_result(text, about, error=True)
     return text_result(pending_text(run, waiting_on), about)
 
 

@@ -8,7 +8,6 @@ import logging
 from typing import Any
 
 import mcp_types as types
-from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.utils import timezone
 from mcp.server import Server, ServerRequestContext
@@ -93,15 +92,15 @@ def _owned(token: ApiToken, task: str, upstream: McpUpstream | None) -> Run | No
 
 
 @off_the_loop
-def _delivered(run: Run) -> None:
-    """A gateway call's final result is on its way to the host: the same call sent again after
-    this is a new one (before it, a retry, which joins this)."""
+def _delivered(run: Run, token: ApiToken) -> None:
+    """A gateway call's final result is on its way to the host that made it: the same call
+    sent again after this is a new one (before it, a retry, which joins this)."""
     if run.consumer == Run.Consumer.GATEWAY and run.is_finished:
-        engine.gateway.delivered(run.pk)
+        engine.gateway.delivered(run.pk, token)
 
 
-async def _finished(run: Run) -> types.CallToolResult:
-    await _delivered(run)
+async def _finished(run: Run, token: ApiToken) -> types.CallToolResult:
+    await _delivered(run, token)
     return finished_result(run)
 
 
@@ -115,18 +114,14 @@ def _upstream_tools(upstream: McpUpstream) -> list[dict[str, Any]]:
     if age is not None and age < settings.GRUNDLAG_GATEWAY_TOOLS_SECONDS:
         return list(upstream.tools)
     try:
-        tools = async_to_sync(gateway_driver.list_tools)(upstream)
+        return gateway_driver.refresh_tools(upstream)
     except gateway_driver.UpstreamFailed as exc:
-        engine.gateway.record_tools(upstream.pk, None, str(exc))
-        if upstream.tools_fetched_at is None and not upstream.tools:
+        if not upstream.tools:
             raise MCPError(
                 code=INTERNAL_ERROR,
                 message=f"The upstream MCP server {upstream.name} could not be asked: {exc}",
             ) from None
         return list(upstream.tools)
-    engine.gateway.record_tools(upstream.pk, tools)
-    upstream.tools = tools
-    return tools
 
 
 @off_the_loop
@@ -200,7 +195,7 @@ async def call_tool(
         return started
     run, _ = await _wait(token, started, settings.GRUNDLAG_MCP_WAIT_SECONDS)
     if run.is_finished:
-        return await _finished(run)
+        return await _finished(run, token)
     return pending_result(run, await _waiting_on(run))
 
 
@@ -264,10 +259,10 @@ async def _task_run(ctx: ServerRequestContext[Any, Any], task: str) -> tuple[Api
 async def tasks_get(
     ctx: ServerRequestContext[Any, Any], params: types.GetTaskRequestParams
 ) -> dict[str, Any]:
-    _, run = await _task_run(ctx, params.task_id)
+    token, run = await _task_run(ctx, params.task_id)
     waiting_on = await _waiting_on(run)
     if modern(ctx):
-        await _delivered(run)  # the extension's task carries its result
+        await _delivered(run, token)  # the extension's task carries its result
         return modern_task(run, waiting_on)
     return legacy_task(run, waiting_on)
 
@@ -299,7 +294,7 @@ async def tasks_result(
             message=f"Task still working ({why}): call tasks/result again, or poll tasks/get",
             data={"task": legacy_task(run, await _waiting_on(run))},
         )
-    result = (await _finished(run)).model_dump(by_alias=True, mode="json", exclude_none=True)
+    result = (await _finished(run, token)).model_dump(by_alias=True, mode="json", exclude_none=True)
     result["_meta"] = {**result.get("_meta", {}), RELATED_TASK: {"taskId": params.task_id}}
     return result
 
@@ -372,8 +367,9 @@ def build_server() -> GrundlagServer:
         "grundlag-approvals",
         version="1.0",
         instructions=(
-            "Your team's actions. A call may wait for a person's approval: as a task where your "
-            "client takes tasks; otherwise it says it is pending, with a link to follow."
+            "Your team's tools (its actions, or an MCP server's through its gateway). A call may "
+            "wait for a person's approval: as a task where your client takes tasks; otherwise "
+            "it says it is pending, with a link to follow."
         ),
         on_list_tools=list_tools,
         on_call_tool=call_tool,

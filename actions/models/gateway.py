@@ -29,7 +29,7 @@ class McpUpstream(models.Model):
         ASK = "ask", "always ask"
         # The team's rules and grants decide, then people: as any action's pause.
         RULES = "rules", "rules decide"
-        # Calls go straight through, recorded like the others.
+        # Approved at once, after the team's rules (one that rejects or routes still does).
         NEVER = "never", "never ask"
 
     team = models.ForeignKey(Team, models.CASCADE, related_name="mcp_upstreams", db_index=False)
@@ -91,9 +91,9 @@ class GatewayCall(models.Model):
 
 
 class ReceiptKey(models.Model):
-    """An Ed25519 key that signs approval receipts. The newest not retired signs; retired ones
-    stay published (/.well-known/jwks.json) until the receipts they signed have expired;
-    revoked ones are withdrawn at once."""
+    """An Ed25519 key that signs approval receipts (actions.engine.receipts.signing_key says
+    which). Retired ones stay published (/.well-known/jwks.json) until the receipts they signed
+    have expired; revoked ones are withdrawn at once."""
 
     kid = models.CharField(max_length=64, unique=True)
     private_sealed = models.TextField()
@@ -110,6 +110,8 @@ class ReceiptKey(models.Model):
 
     @property
     def published(self) -> bool:
+        """In /.well-known/jwks.json: not revoked, and not retired longer ago than a receipt
+        lives (a retirement may be in the future: the key signs until then)."""
         if self.revoked_at is not None:
             return False
         if self.retired_at is None:

@@ -4,9 +4,9 @@ through actions.drivers.gateway)."""
 
 from __future__ import annotations
 
-from asgiref.sync import async_to_sync
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db import transaction
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
@@ -36,14 +36,17 @@ def _headers(text: str) -> dict[str, str]:
 def add_upstream(request: AuthenticatedRequest, slug: str) -> HttpResponse:
     team = team_for(request, slug)
     try:
-        upstream = engine.gateway.register(
-            team,
-            request.POST.get("name", ""),
-            request.POST.get("url", ""),
-            _headers(request.POST.get("headers", "")),
-            by=request.user,
-        )
-        engine.gateway.set_policy(upstream, "", request.POST.get("default_policy", "rules"), by=request.user)
+        with transaction.atomic():
+            upstream = engine.gateway.register(
+                team,
+                request.POST.get("name", ""),
+                request.POST.get("url", ""),
+                _headers(request.POST.get("headers", "")),
+                by=request.user,
+            )
+            engine.gateway.set_policy(
+                upstream, "", request.POST.get("default_policy", "rules"), by=request.user
+            )
     except engine.InvalidInput as exc:
         return team_page(request, team, status=422, error=f"{str(exc)[:1].upper()}{str(exc)[1:]}.")
     except engine.NotAllowed as exc:
@@ -62,12 +65,10 @@ def _upstream(request: AuthenticatedRequest, slug: str, name: str) -> McpUpstrea
 
 def _refresh(request: AuthenticatedRequest, upstream: McpUpstream) -> None:
     try:
-        tools = async_to_sync(gateway_driver.list_tools)(upstream)
+        tools = gateway_driver.refresh_tools(upstream)
     except gateway_driver.UpstreamFailed as exc:
-        engine.gateway.record_tools(upstream.pk, None, str(exc))
         messages.error(request, f"{upstream.name} could not be asked for its tools: {exc}")
         return
-    engine.gateway.record_tools(upstream.pk, tools)
     messages.success(request, f"{upstream.name} lists {len(tools)} tools.")
 
 

@@ -13,7 +13,7 @@ def jwks(request: HttpRequest) -> JsonResponse:
     """/.well-known/jwks.json: a JWK Set (RFC 7517) of the keys receipts are signed with, for any
     tool to fetch (no sign-in; a browser page of another origin too)."""
     response = JsonResponse(engine.receipts.jwks())
-    response["Cache-Control"] = "public, max-age=300"
+    response["Cache-Control"] = f"public, max-age={engine.receipts.JWKS_MAX_AGE}"
     response["Access-Control-Allow-Origin"] = "*"
     response["Content-Type"] = "application/jwk-set+json"
     return response

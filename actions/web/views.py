@@ -4,6 +4,7 @@ change are re-fetched as fragments when the websocket says something changed."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -25,6 +26,8 @@ from actions import engine
 from actions.core import registry
 from actions.models import InboxStream, Interrupt, Role, Run, RunEvent, Team, Webhook
 from actions.web.forms import ApprovalForm, GrantForm, RejectForm, SchemaForm, answer_form, form_for_schema
+
+logger = logging.getLogger(__name__)
 
 
 class AuthenticatedRequest(HttpRequest):
@@ -187,7 +190,13 @@ def edit_form(interrupt: Interrupt, data: Any = None) -> SchemaForm | None:
     schema = act.input_schema() if act is not None else engine.arguments_schema(interrupt.run)
     if schema is None:
         return None
-    return form_for_schema(schema)(data, initial=proposed, prefix="edit")
+    try:
+        return form_for_schema(schema)(data, initial=proposed, prefix="edit")
+    except (TypeError, ValueError, KeyError, AttributeError):
+        # An outside schema (an upstream MCP server's tool's) that no form can be made of:
+        # approve or reject it as proposed.
+        logger.warning("interrupt %s: no edit form for its call's schema", interrupt.pk, exc_info=True)
+        return None
 
 
 @login_required

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from actions import engine
@@ -92,10 +91,8 @@ class Command(BaseCommand):
 
     def refresh(self, upstream: McpUpstream) -> None:
         try:
-            tools = async_to_sync(gateway_driver.list_tools)(upstream)
+            tools = gateway_driver.refresh_tools(upstream)
         except gateway_driver.UpstreamFailed as exc:
-            engine.gateway.record_tools(upstream.pk, None, str(exc))
             self.stderr.write(f"{upstream} could not be asked for its tools: {exc}")
             return
-        engine.gateway.record_tools(upstream.pk, tools)
         self.stdout.write(f"{upstream} has {len(tools)} tools: {', '.join(t.get('name', '') for t in tools)}")

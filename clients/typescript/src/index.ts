@@ -548,6 +548,7 @@ export class InvalidReceipt extends Error {
 /** What a valid receipt says. */
 export interface Receipt {
   id: string;
+  audience: string;
   team: string;
   action: string;
   run: number;
@@ -571,8 +572,11 @@ export interface Jwk {
 }
 
 export interface VerifyReceiptOptions {
-  action?: string;
+  /** Whom it must be for: your own URL, as the team registered it for the MCP gateway. */
+  audience?: string;
+  /** The team's slug. At least one of audience and team is required. */
   team?: string;
+  action?: string;
   issuer?: string;
   /** The ids of receipts acted on already: a receipt is good for one call. Added to when valid. */
   seen?: { has(id: string): boolean; add(id: string): unknown };
@@ -621,9 +625,11 @@ function fromBase64Url(text: string): Uint8Array<ArrayBuffer> {
 }
 
 /**
- * Check offline that `receipt` approves a call with exactly `args` (and, where given, this
- * action, team and issuer): signed by one of `jwks`' keys, not expired, not in `seen` (then added
- * to it). Resolves with what it says; rejects with InvalidReceipt saying why not.
+ * Check offline that `receipt` approves a call with exactly `args`, for you (`audience`, your URL
+ * as the team registered it, or `team`, at least one), and where given this action and issuer:
+ * signed by one of `jwks`' keys, not expired, not in `seen` (then added to it). Resolves with what
+ * it says; rejects with InvalidReceipt saying why not. Every team's receipts are signed with the
+ * site's keys: without audience or team, one made for another team's server would pass.
  */
 export async function verifyReceipt(
   receipt: string,
@@ -631,6 +637,9 @@ export async function verifyReceipt(
   args: unknown,
   options: VerifyReceiptOptions = {},
 ): Promise<Receipt> {
+  if (options.audience === undefined && options.team === undefined) {
+    throw new TypeError("say whom the receipt must be for: audience (your URL) or team");
+  }
   const parts = receipt.split(".");
   if (parts.length !== 3) throw new InvalidReceipt("not a compact JWS");
   const [headerPart, payloadPart, signaturePart] = parts as [string, string, string];
@@ -648,7 +657,9 @@ export async function verifyReceipt(
   }
   if (header.typ !== "grundlag-receipt+jwt") throw new InvalidReceipt("not an approval receipt");
   const jwk = jwks.keys.find((key) => key.kid === header.kid && key.kty === "OKP" && key.crv === "Ed25519");
-  if (!jwk?.x) throw new InvalidReceipt(`not signed by the server's keys (no key ${String(header.kid)})`);
+  if (!jwk?.x) {
+    throw new InvalidReceipt(`not signed by the server's keys (no key ${String(header.kid)}: fetch them again)`);
+  }
   const key = await globalThis.crypto.subtle.importKey(
     "jwk",
     { kty: "OKP", crv: "Ed25519", x: jwk.x },
@@ -663,6 +674,7 @@ export async function verifyReceipt(
   const claims = decode(payloadPart);
   const said: Receipt = {
     id: String(claims.jti),
+    audience: String(claims.aud),
     team: String(claims.team),
     action: String(claims.action),
     run: Number(claims.run),
@@ -683,8 +695,9 @@ export async function verifyReceipt(
     throw new InvalidReceipt("it approves other arguments than these");
   }
   for (const [name, expected, actual] of [
-    ["action", options.action, said.action],
+    ["audience", options.audience, said.audience],
     ["team", options.team, said.team],
+    ["action", options.action, said.action],
     ["issuer", options.issuer, said.issuer],
   ] as const) {
     if (expected !== undefined && expected !== actual) {

@@ -51,7 +51,9 @@ test("an approval's receipt verifies offline, for its own question and once", as
   // An approval's arguments are its question, as the server recorded it.
   const question = { message: asked.message, data: asked.data, answer_schema: SCHEMA };
   const seen = new Set();
-  const receipt = await verifyReceipt(approval.receipt, jwks, question, { action: "approval", seen });
+  const team = "demo";
+  await assert.rejects(verifyReceipt(approval.receipt, jwks, question), TypeError);  // for whom?
+  const receipt = await verifyReceipt(approval.receipt, jwks, question, { team, action: "approval", seen });
   assert.deepEqual(receipt.answer, { window: "weekend" });
   assert.equal(receipt.approved_by[0].name, "reviewer1");
   assert.equal(receipt.interrupt, approval.interrupt_id);
@@ -61,13 +63,15 @@ test("an approval's receipt verifies offline, for its own question and once", as
       assert.match(error.message, why);
       return true;
     });
-  await refused(question, { seen }, /used already/);
-  await refused({ ...question, data: { service: "billing", replicas: 30 } }, {}, /other arguments/);
-  await refused(question, { action: "transfer_funds" }, /approves action/);
-  await refused(question, { now: new Date(Date.now() + 2 * 3600 * 1000) }, /expired/);
+  await refused(question, { team, seen }, /used already/);
+  await refused({ ...question, data: { service: "billing", replicas: 30 } }, { team }, /other arguments/);
+  await refused(question, { team, action: "transfer_funds" }, /approves action/);
+  await refused(question, { team: "payroll" }, /approves team/);
+  await refused(question, { audience: "https://payments.example.com/mcp" }, /approves audience/);
+  await refused(question, { team, now: new Date(Date.now() + 2 * 3600 * 1000) }, /expired/);
   const [head, body, signature] = approval.receipt.split(".");
   const forged = `${head}.${body}.${signature.slice(0, -4)}${signature.slice(-4) === "AAAA" ? "BBBB" : "AAAA"}`;
-  await assert.rejects(verifyReceipt(forged, jwks, question), InvalidReceipt);
+  await assert.rejects(verifyReceipt(forged, jwks, question, { team }), InvalidReceipt);
 });
 
 test("canonicalJson writes RFC 8785's form, as the server hashes it", () => {

@@ -179,6 +179,8 @@ class Approval(Model):
     url: str
     # The interrupt people decide, recorded when it was asked (None from a server before it).
     interrupt_id: int | None = None
+    # Once approved: the decision, signed (grundlag_client.receipts.verify_receipt checks it).
+    receipt: str | None = None
 
     @property
     def decided(self) -> bool:

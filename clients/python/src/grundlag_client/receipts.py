@@ -8,7 +8,8 @@ about to run with::
     from grundlag_client.receipts import fetch_jwks, verify_receipt
 
     jwks = fetch_jwks("https://approvals.example.com")
-    approved = verify_receipt(receipt, jwks, arguments, action="payments/refund", seen=used_ids)
+    approved = verify_receipt(receipt, jwks, arguments, audience="https://payments.example.com/mcp",
+                              seen=used_ids)
 
 ``seen`` (a set, or anything with ``in`` and ``add``, shared by the tool's processes if it has
 several) makes a receipt good for one call: its id is the approved call's, the same on every
@@ -45,6 +46,7 @@ class Receipt:
     """What a valid receipt says."""
 
     id: str
+    audience: str
     team: str
     action: str
     run: int
@@ -121,16 +123,24 @@ def verify_receipt(
     jwks: dict[str, Any],
     arguments: Any,
     *,
-    action: str | None = None,
+    audience: str | None = None,
     team: str | None = None,
+    action: str | None = None,
     issuer: str | None = None,
     seen: Seen | None = None,
     now: float | None = None,
     leeway: int = 60,
 ) -> Receipt:
-    """Check that ``receipt`` approves a call with exactly ``arguments`` (and, where given, this
-    ``action``, ``team`` and ``issuer``): signed by one of ``jwks``' keys, not expired, and not
-    in ``seen`` (then added to it). Raises InvalidReceipt saying why not."""
+    """Check that ``receipt`` approves a call with exactly ``arguments``, for you: ``audience``
+    (a gateway upstream's own URL, as the team registered it) or ``team`` (the team's slug), at
+    least one of them, and where given this ``action`` and ``issuer``; signed by one of
+    ``jwks``' keys, not expired, and not in ``seen`` (then added to it). Raises InvalidReceipt
+    saying why not.
+
+    Every team's receipts are signed with the site's keys: without ``audience`` or ``team``, a
+    receipt made for another team's server would pass."""
+    if audience is None and team is None:
+        raise ValueError("say whom the receipt must be for: audience= (your URL) or team=")
     from joserfc import jws  # noqa: PLC0415 - the extra's dependency
     from joserfc.errors import JoseError  # noqa: PLC0415
     from joserfc.jwk import KeySet  # noqa: PLC0415
@@ -139,13 +149,16 @@ def verify_receipt(
         keys = KeySet.import_key_set(jwks)  # type: ignore[arg-type]
         token = jws.deserialize_compact(receipt, keys, algorithms=ALGORITHMS)
     except (JoseError, ValueError, TypeError) as exc:
-        raise InvalidReceipt(f"not signed by the server's keys: {exc}") from None
+        raise InvalidReceipt(
+            f"not signed by the server's keys (fetch them again if it names a new one): {exc}"
+        ) from None
     if token.protected.get("typ") != TYPE:
         raise InvalidReceipt(f"not an approval receipt (typ {token.protected.get('typ')!r})")
     try:
         claims = json.loads(token.payload)
         said = Receipt(
             id=claims["jti"],
+            audience=claims["aud"],
             team=claims["team"],
             action=claims["action"],
             run=claims["run"],
@@ -167,8 +180,9 @@ def verify_receipt(
         raise InvalidReceipt("it is not valid yet")
     if said.arguments_sha256 != arguments_sha256(arguments):
         raise InvalidReceipt("it approves other arguments than these")
-    for name, expected, actual in (("action", action, said.action), ("team", team, said.team),
-                                   ("issuer", issuer, said.issuer)):  # fmt: skip
+    expectations = [("audience", audience, said.audience), ("team", team, said.team),
+                    ("action", action, said.action), ("issuer", issuer, said.issuer)]  # fmt: skip
+    for name, expected, actual in expectations:
         if expected is not None and expected != actual:
             raise InvalidReceipt(f"it approves {name} {actual!r}, not {expected!r}")
     if seen is not None:
