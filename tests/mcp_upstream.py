@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import mcp_types as types
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
@@ -70,6 +71,16 @@ def build(log: Path, site: str = "", audience: str = "") -> MCPServer:
         """Read an order."""
         record(ctx, "lookup_order", {"order_id": order_id})
         return {"order_id": order_id, "status": "shipped"}
+
+    @server.tool()
+    async def reload_catalogue(ctx: Context) -> str:
+        """Reload the catalogue: the server's tools may change, and it says so."""
+        record(ctx, "reload_catalogue", {})
+        # On this request's stream (a stateless server has no other to send it on).
+        await ctx.session.send_notification(
+            types.ToolListChangedNotification(), related_request_id=ctx.request_id
+        )
+        return "reloaded"
 
     return server
 

@@ -34,6 +34,7 @@ from actions.models import (
     TeamRule,
 )
 from grundlag_client.receipts import InvalidReceipt, verify_receipt
+from tests.conftest import member
 from tests.mcp_upstream import SECRET, Upstream
 
 pytestmark = [pytest.mark.django_db(transaction=False), pytest.mark.usefixtures("steps", "database")]
@@ -311,3 +312,71 @@ def test_an_upstream_that_cannot_be_reached_fails_the_call_saying_why(
     run.refresh_from_db()
     assert run.status == Run.Status.FAILED
     assert "could not be called" in run.error and "payments" in run.error
+
+
+def test_a_team_admin_manages_the_gateway_on_the_team_page(
+    team: Team, reviewer: User, upstream_server: Upstream, token: ApiToken
+) -> None:
+    from django.test import Client
+
+    admin = member(team, "admin1")
+    Membership.objects.filter(team=team, user=admin).update(role=Role.ADMIN)
+    browser, approver = Client(), Client()
+    browser.force_login(admin)
+    approver.force_login(reviewer)
+    form = {"name": "payments", "url": upstream_server.url, "headers": f"Authorization: Bearer {SECRET}",
+            "default_policy": "rules"}  # fmt: skip
+    assert approver.post("/teams/finance/gateway/", form).status_code == 403
+    assert not McpUpstream.objects.exists()
+    added = browser.post("/teams/finance/gateway/", form)
+    assert added.status_code == 302 and added["Location"] == "/teams/finance/gateway/payments/"
+    page = browser.get("/teams/finance/gateway/payments/")
+    text = page.content.decode()
+    assert 'id="tool-refund"' in text and 'id="tool-lookup_order"' in text  # listed by the server itself
+    assert SECRET not in text and "Authorization" in text  # its name, never its value
+    assert approver.get("/teams/finance/gateway/payments/").status_code == 404
+    saved = browser.post(
+        "/teams/finance/gateway/payments/policies/",
+        {"default_policy": "rules", "policy-refund": "ask", "policy-lookup_order": ""},
+    )
+    assert saved.status_code == 302
+    upstream = McpUpstream.objects.get(name="payments")
+    assert (upstream.policy_for("refund"), upstream.policy_for("lookup_order")) == ("ask", "rules")
+    # A paused call's page offers its arguments to edit, as the tool's schema describes them.
+    run = call(token, upstream)
+    decision = browser.get(f"/interrupts/{pending(run).pk}/").content.decode()
+    assert 'name="edit-amount"' in decision and 'name="edit-order_id"' in decision
+    assert browser.post("/teams/finance/gateway/payments/remove/").status_code == 302
+    assert not McpUpstream.objects.exists()
+    run.refresh_from_db()
+    assert run.status == Run.Status.CANCELLED
+
+
+def test_the_tools_are_asked_for_again_when_the_server_says_they_changed(
+    token: ApiToken, payments: McpUpstream, upstream_server: Upstream
+) -> None:
+    from actions.drivers.gateway import refresh_tools
+
+    listed = refresh_tools(payments)
+    assert {"refund", "lookup_order", "reload_catalogue"} <= {tool["name"] for tool in listed}
+    payments.refresh_from_db()
+    assert payments.tools_fetched_at is not None and payments.tools_error == ""
+    gateway.set_policy(payments, "reload_catalogue", McpUpstream.Policy.NEVER, by=None)
+    payments.refresh_from_db()
+    run = call(token, payments, "reload_catalogue", {})
+    assert run.status == Run.Status.COMPLETED, run.error
+    payments.refresh_from_db()
+    assert payments.tools_fetched_at is None  # heard in the call's exchange: asked at the next listing
+
+
+def test_a_server_that_never_listed_its_tools_is_asked_again_and_says_why_not(
+    team: Team, settings: Any
+) -> None:
+    from actions.drivers.gateway import UpstreamFailed, refresh_tools
+
+    settings.GRUNDLAG_WEBHOOK_ALLOW_PRIVATE = True
+    down = gateway.register(team, "down", f"http://127.0.0.1:{free_port()}/mcp", by=None)
+    with pytest.raises(UpstreamFailed):
+        refresh_tools(down)
+    down.refresh_from_db()
+    assert down.tools == [] and down.tools_fetched_at is None and "Connect" in down.tools_error

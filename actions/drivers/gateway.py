@@ -26,7 +26,7 @@ from typing import Any, cast
 
 import httpx2
 import mcp_types as types
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
 from mcp import Client
 from mcp.client.session import IncomingMessage
@@ -115,7 +115,7 @@ async def _exchange(upstream: McpUpstream, ask: Any) -> Any:
         logger.info("MCP upstream %s failed: %s", upstream, why)
         raise UpstreamFailed(why) from None
     if listener.tools_changed:
-        gateway.tools_changed(upstream.pk)
+        await sync_to_async(gateway.tools_changed)(upstream.pk)
     return answer
 
 

@@ -29,7 +29,15 @@ from playwright.sync_api import Browser, expect
 from grundlag_client.receipts import InvalidReceipt, fetch_jwks, verify_receipt
 from tests.integration.browser.conftest import log_in
 from tests.integration.processes import Server, Site, decide, free_port, wait_for_port
-from tests.integration.test_mcp import call_as_task, get_task, http, task_result
+from tests.integration.test_mcp import (
+    CreatedTask,
+    TasksExtension,
+    call_as_task,
+    ended_task,
+    get_task,
+    http,
+    task_result,
+)
 from tests.mcp_upstream import SECRET, calls
 
 pytestmark = pytest.mark.integration
@@ -202,3 +210,26 @@ def test_the_typescript_sdk_calls_through_the_gateway_as_a_task(site: Site, tmp_
     assert said[-1]["result"]["structuredContent"] == {"refunded": "ord_ts", "amount": 42}
     [made] = calls(log)
     assert made["arguments"] == {"order_id": "ord_ts", "amount": 42.0} and made["receipt_verified"] is True
+
+
+def test_a_2026_client_with_the_tasks_extension_gets_the_upstreams_result_through_the_task(
+    site: Site, tmp_path: Path
+) -> None:
+    web, log = started(site, tmp_path)
+    asked = {"order_id": "ord_26", "amount": 7.25}
+
+    async def scenario() -> types.CallToolResult:
+        connection = streamable_http_client(gateway(web), http_client=http(site.token))
+        async with Client(connection, extensions=[TasksExtension()]) as host:
+            created = await host.session.call_tool("refund", asked, allow_claimed=True)
+            assert isinstance(created, CreatedTask) and created.status == "working"
+            interrupt = await asyncio.to_thread(pending_of, web, site, asked)
+            await asyncio.to_thread(decide, web, interrupt)
+            got = await ended_task(host.session, created.task_id)
+            assert got.status == "completed" and got.result is not None
+            return types.CallToolResult.model_validate(got.result, by_name=False)
+
+    result = hosted(scenario())
+    assert not result.is_error and result.structured_content == {"refunded": "ord_26", "amount": 7.25}
+    [made] = calls(log)
+    assert made["arguments"] == asked and made["receipt_verified"] is True
