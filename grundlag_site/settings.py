@@ -117,6 +117,7 @@ def generated_secret_key() -> str:
 SECRET_KEY = os.getenv("SECRET_KEY", "")
 if not SECRET_KEY:
     SECRET_KEY = "insecure-development-key-do-not-use-in-production" if DEBUG else generated_secret_key()
+# Former SECRET_KEYs, comma-separated, while what they signed or sealed is still in use (see above).
 SECRET_KEY_FALLBACKS = envlist("SECRET_KEY_FALLBACKS", "")
 
 # Django's ALLOWED_HOSTS: the host names the site answers to, comma-separated (another gets 400).
@@ -531,9 +532,10 @@ GRUNDLAG_WAIT_POLL_SECONDS = envfloat("GRUNDLAG_WAIT_POLL_SECONDS", "1.0", minim
 # is pending, with its link (actions.mcp).
 GRUNDLAG_MCP_WAIT_SECONDS = envfloat("GRUNDLAG_MCP_WAIT_SECONDS", "25", minimum=0)
 # The MCP gateway (actions.drivers.gateway): an upstream's tools/list is served from what it
-# last said for this long, then asked again (sooner when it says its list changed); one call to
-# it may take this long (connecting, and its answer) before it counts as failed.
+# last said for this long, then asked again (sooner when it says its list changed).
 GRUNDLAG_GATEWAY_TOOLS_SECONDS = envint("GRUNDLAG_GATEWAY_TOOLS_SECONDS", "300", minimum=0)
+# One exchange with an upstream MCP server (connecting, a listing, a call and its answer) may take
+# this long before it counts as failed.
 GRUNDLAG_GATEWAY_CALL_SECONDS = envfloat("GRUNDLAG_GATEWAY_CALL_SECONDS", "60", minimum=1)
 # A host that sends the same call again (same token, tool and arguments) within this long, before
 # it has been given the first one's result, joins the first (a retry); after it, it is a new call.
