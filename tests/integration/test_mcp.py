@@ -73,10 +73,13 @@ def runs(web: Server, site: Site) -> list[dict[str, Any]]:
 
 
 @asynccontextmanager
-async def legacy(web: Server, token: str) -> AsyncIterator[tuple[ClientSession, JSONRPCDispatcher[Any]]]:
+async def legacy(
+    web: Server, token: str, url: str = ""
+) -> AsyncIterator[tuple[ClientSession, JSONRPCDispatcher[Any]]]:
+    """A 2025-11-25 session with /mcp/ (or ``url``: the gateway's)."""
     async with (
         http(token) as client,
-        streamable_http_client(mcp_url(web), http_client=client) as (read, write),
+        streamable_http_client(url or mcp_url(web), http_client=client) as (read, write),
     ):
         dispatcher = JSONRPCDispatcher(read, write)
         async with ClientSession(dispatcher=dispatcher) as session:

@@ -13,17 +13,14 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import mcp_types as types
 import pytest
-from mcp import Client, ClientSession
+from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from playwright.sync_api import Browser, expect
 
 from grundlag_client.receipts import InvalidReceipt, fetch_jwks, verify_receipt
@@ -36,6 +33,7 @@ from tests.integration.test_mcp import (
     ended_task,
     get_task,
     http,
+    legacy,
     task_result,
 )
 from tests.mcp_upstream import SECRET, calls
@@ -54,20 +52,6 @@ def hosted(coroutine: Any) -> Any:
 
 def gateway(web: Server) -> str:
     return f"{web.url}/mcp/gateway/payments/"
-
-
-@asynccontextmanager
-async def legacy(web: Server, token: str) -> AsyncIterator[tuple[ClientSession, JSONRPCDispatcher[Any]]]:
-    """A 2025-11-25 session with the gateway (the SDK's client has no tasks API of that revision:
-    a task-augmented call goes through the dispatcher, as in tests/integration/test_mcp.py)."""
-    async with (
-        http(token) as client,
-        streamable_http_client(gateway(web), http_client=client) as (read, write),
-    ):
-        dispatcher = JSONRPCDispatcher(read, write)
-        async with ClientSession(dispatcher=dispatcher) as session:
-            await session.initialize()
-            yield session, dispatcher
 
 
 def started(site: Site, tmp_path: Path) -> tuple[Server, Path]:
@@ -170,7 +154,7 @@ def test_hosts_call_through_the_gateway_and_people_decide_in_the_browser(
     other = {"order_id": "ord_2", "amount": 5000}
 
     async def as_task() -> tuple[types.CreateTaskResult, types.GetTaskResult]:
-        async with legacy(web, site.token) as (session, dispatcher):
+        async with legacy(web, site.token, gateway(web)) as (session, dispatcher):
             created = await call_as_task(dispatcher, "refund", other)
             return created, await get_task(session, created.task.task_id)
 
@@ -183,7 +167,7 @@ def test_hosts_call_through_the_gateway_and_people_decide_in_the_browser(
     expect(page.locator("p.decided")).to_contain_text("rejected")
 
     async def result_of_task() -> types.CallToolResult:
-        async with legacy(web, site.token) as (session, _):
+        async with legacy(web, site.token, gateway(web)) as (session, _):
             return await task_result(session, created.task.task_id)
 
     rejected: types.CallToolResult = hosted(result_of_task())
