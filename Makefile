@@ -105,7 +105,7 @@ scaled: venv
 
 # Refresh the README's screenshots (docs/inbox.png, docs/decision.png) from the browser test.
 screenshots: venv
-	GRUNDLAG_SCREENSHOTS=docs $(BIN)/pytest tests/integration/browser -k "live_and_one_decision or agent_inbox_call" -q
+	GRUNDLAG_SCREENSHOTS=docs $(BIN)/pytest tests/integration/browser -k "live_and_one_decision or agent_inbox_call or people_decide_in_the_browser" -q
 
 # The engine's figures beside bench/baseline.json, failing on one more than 20 % worse (a few
 # minutes). Run it before resolving a change to the engine, the models or the notifications;

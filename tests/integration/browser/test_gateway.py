@@ -25,6 +25,7 @@ from playwright.sync_api import Browser, expect
 
 from grundlag_client.receipts import InvalidReceipt, fetch_jwks, verify_receipt
 from tests.integration.browser.conftest import log_in
+from tests.integration.browser.test_inbox_live import screenshot_dir
 from tests.integration.processes import Server, Site, decide, free_port, wait_for_port
 from tests.integration.test_mcp import (
     CreatedTask,
@@ -124,6 +125,7 @@ def test_hosts_call_through_the_gateway_and_people_decide_in_the_browser(
     page.locator('[name="edit"]').check()
     expect(page.locator('[name="edit-amount"]')).to_have_value("120.5")
     page.fill('[name="edit-amount"]', "100")
+    page.screenshot(path=str(screenshot_dir(tmp_path) / "gateway.png"), full_page=True)
     page.locator("form.approve-form button.approve").click()
     expect(page.locator("p.decided")).to_contain_text("approved by reviewer1")
 
