@@ -154,8 +154,16 @@ class PolicyForm(forms.ModelForm[Policy]):
         cleaned = super().clean() or {}
         act = registry.find(cleaned.get("action") or "")
         default = cleaned.get("default_answer")
-        if act is None:
-            self.add_error("action", f"There is no action named {cleaned.get('action')!r}.")
+        upstream, _, tool = (cleaned.get("action") or "").partition("/")
+        team = cleaned.get("team")
+        if act is None and tool and team is not None and team.mcp_upstreams.filter(name=upstream).exists():
+            pass  # a tool of the team's MCP gateway (<upstream>/<tool>): its answers are plain approvals
+        elif act is None:
+            self.add_error(
+                "action",
+                f"There is no action named {cleaned.get('action')!r}, nor a tool of the team's MCP"
+                " gateway (<upstream>/<tool>).",
+            )
         elif default is not None:
             # Refused now, not when a deadline passes months later.
             try:
@@ -164,7 +172,6 @@ class PolicyForm(forms.ModelForm[Policy]):
                 errors = describe_errors(field_errors(exc), "answer")
                 self.add_error("default_answer", f"It does not fit {act.name}'s answer schema: {errors}")
         names = [each.strip() for each in (cleaned.get("assignees") or "").split(",") if each.strip()]
-        team = cleaned.get("team")
         if (
             names
             and team is not None

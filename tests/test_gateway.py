@@ -29,6 +29,7 @@ from actions.models import (
     Policy,
     Role,
     Run,
+    RunEvent,
     Scope,
     Team,
     TeamRule,
@@ -197,7 +198,9 @@ def test_each_tools_policy_against_the_teams_rules(
     payments.refresh_from_db()
     run = call(token, payments, arguments={"order_id": "ord_2", "amount": 5})
     assert run.status == Run.Status.INTERRUPTED
-    assert pending(run).decided_via == ""
+    paused = RunEvent.objects.get(run=run, kind=RunEvent.Kind.INTERRUPTED)
+    assert "may not be approved automatically" in paused.detail["rule_failed"]["error"]
+    assert "takes no grant" in engine.why_no_grant(pending(run))  # nor a standing grant, later
     # never ask: straight through, approved by the tool's own rule, after the team's (which
     # still reject: ord_9 never reaches the upstream, whatever the tool's policy).
     gateway.set_policy(payments, "lookup_order", McpUpstream.Policy.NEVER, by=None)
@@ -246,15 +249,35 @@ def test_removing_an_upstream_cancels_its_calls_waiting_for_a_decision(
 def test_a_retry_joins_only_a_recent_call_not_cancelled(
     token: ApiToken, payments: McpUpstream, settings: Any
 ) -> None:
+    waiting, _ = gateway.start_call(token, payments, "refund", {**ORDER, "amount": 2})
+    GatewayCall.objects.filter(run=waiting).update(
+        created_at=timezone.now() - timedelta(seconds=settings.GRUNDLAG_GATEWAY_RETRY_SECONDS + 1)
+    )
+    # Still waiting for its decision, an old call is joined however long that takes.
+    assert gateway.start_call(token, payments, "refund", {**ORDER, "amount": 2}) == (waiting, True)
     first, _ = gateway.start_call(token, payments, "refund", dict(ORDER))
     engine.cancel(first, token)
     second, joined = gateway.start_call(token, payments, "refund", dict(ORDER))
     assert not joined and second.pk != first.pk
+    Run.objects.filter(pk=second.pk).update(status=Run.Status.COMPLETED)  # finished, never fetched
     GatewayCall.objects.filter(run=second).update(
         created_at=timezone.now() - timedelta(seconds=settings.GRUNDLAG_GATEWAY_RETRY_SECONDS + 1)
     )
     third, joined = gateway.start_call(token, payments, "refund", dict(ORDER))
     assert not joined and third.pk != second.pk
+
+
+def test_an_edit_form_keeps_arguments_named_like_schema_keywords(team: Team) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"pattern": {"type": "string", "pattern": "^(a+)+$"}, "limit": {"type": "integer"}},
+        "required": ["pattern"],
+        "additionalProperties": False,
+    }
+    editable = gateway.editable_schema(schema)
+    assert editable["properties"]["pattern"] == {"type": "string"}  # the argument stays; its regex goes
+    assert editable["required"] == ["pattern"]
+    assert gateway.editable_schema(["not", "a", "schema"]) == {"type": "object"}
 
 
 def test_four_eyes_on_a_tool_even_with_a_null_answer(
@@ -380,3 +403,25 @@ def test_a_server_that_never_listed_its_tools_is_asked_again_and_says_why_not(
         refresh_tools(down)
     down.refresh_from_db()
     assert down.tools == [] and down.tools_fetched_at is None and "Connect" in down.tools_error
+
+
+def test_the_admin_sets_a_policy_for_a_gateway_tool_and_it_applies(
+    team: Team,
+    token: ApiToken,
+    payments: McpUpstream,
+    reviewer: User,
+    second_reviewer: User,
+    admin_client: Any,
+) -> None:
+    form = {
+        "team": team.pk,
+        "action": "payments/refund",
+        "approvals_required": 2,
+        "requester_may_approve": "unknown",
+    }
+    refused = admin_client.post("/admin/actions/policy/add/", {**form, "action": "elsewhere/refund"})
+    assert refused.status_code == 200 and "tool of the team&#x27;s MCP" in refused.content.decode()
+    saved = admin_client.post("/admin/actions/policy/add/", form)
+    assert saved.status_code == 302, saved.content.decode()[:2000]
+    it = pending(call(token, payments))
+    assert it.approvals_required == 2

@@ -256,6 +256,9 @@ class GatewayDriver(Driver):
             policy=policy,
         )
 
+    def approves_automatically(self, run: Run) -> bool:
+        return bool(run.driver_state.get("policy") != McpUpstream.Policy.ASK)
+
     def proposed_arguments(self, run: Run, bound: dict[str, Any]) -> Any:
         return run.driver_state.get("arguments") if bound == binding(run) else None
 

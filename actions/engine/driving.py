@@ -158,6 +158,11 @@ class Driver:
         them before approving (an agent's tool call); None when its calls cannot be edited."""
         return None
 
+    def approves_automatically(self, run: Run) -> bool:
+        """Whether a rule or a standing grant may approve the pauses of ``run``, where its calls
+        are not registered actions (whose policies say): a gateway tool's policy may forbid it."""
+        return True
+
     def arguments_schema(self, run: Run) -> dict[str, Any] | None:
         """The JSON Schema an edit of a call of ``run`` must fit, for a driver whose calls are
         not registered actions (a tool of an upstream MCP server); None for a driver whose calls

@@ -11,6 +11,7 @@ twice."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -20,12 +21,13 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from actions.engine import outbound, sealed
 from actions.engine.decisions import cancel
 from actions.engine.driving import arguments_hash
-from actions.engine.errors import InvalidInput, NotAllowed, check_size
+from actions.engine.errors import InvalidInput, NotAllowed, NotCancellable, check_size
 from actions.engine.policies import role_refusal
 from actions.engine.schemas import REFUSED, check_answer_schema, field_error
 from actions.engine.steps import start_run
@@ -147,8 +149,8 @@ def register(team: Team, name: str, url: str, headers: Any = None, *, by: Actor)
 def remove(upstream: McpUpstream, *, by: Actor) -> None:
     """Remove an upstream: its tools are served no more, and its calls still waiting for a
     decision are cancelled (they leave the inbox; their hosts' tasks end cancelled). The calls
-    made through it stay in the history. A call whose step is running when it is removed fails
-    ("removed") rather than reaching the server."""
+    made through it stay in the history. An approved call whose step starts after this fails
+    ("removed"); one whose step is already calling the server is not stopped."""
     _may_manage(by, upstream.team)
     with transaction.atomic():
         waiting = Run.objects.filter(
@@ -156,8 +158,10 @@ def remove(upstream: McpUpstream, *, by: Actor) -> None:
         ).values_list("pk", flat=True)
         for run in Run.objects.filter(pk__in=list(waiting)):
             # By the engine: removing the upstream is the admin's decision, whoever the calls
-            # are assigned to (the log says who removed it).
-            cancel(run, None)
+            # are assigned to (the log says who removed it). One that a worker took up, or that
+            # finished, since it was read is past cancelling: its step finds the upstream gone.
+            with contextlib.suppress(NotCancellable):
+                cancel(run, None)
         upstream.delete()
     logger.info("MCP upstream %s removed by %s", upstream, actor_name(by))
 
@@ -215,9 +219,22 @@ def tools_changed(upstream_id: int) -> None:
     McpUpstream.objects.filter(pk=upstream_id).update(tools_fetched_at=None)
 
 
+# Keywords whose value maps names (of properties, of definitions) to subschemas: the names are
+# the tool's, not keywords, and stay.
+_NAMED = {"properties", "dependentSchemas", "$defs", "definitions"}
+
+
 def _without(node: Any, keywords: set[str]) -> Any:
     if isinstance(node, dict):
-        return {key: _without(value, keywords) for key, value in node.items() if key not in keywords}
+        return {
+            key: (
+                {name: _without(each, keywords) for name, each in value.items()}
+                if key in _NAMED and isinstance(value, dict)
+                else _without(value, keywords)
+            )
+            for key, value in node.items()
+            if key not in keywords
+        }
     if isinstance(node, list):
         return [_without(each, keywords) for each in node]
     return node
@@ -248,9 +265,9 @@ def start_call(
     token: ApiToken, upstream: McpUpstream, tool: str, arguments: dict[str, Any]
 ) -> tuple[Run, bool]:
     """The run of a call to ``tool`` with ``arguments``, and whether it is an earlier one's: the
-    same token's same call, made less than GRUNDLAG_GATEWAY_RETRY_SECONDS ago, whose result it
-    has not been given yet (a retry joins it). Else a new run, whose step asks (or not) as the
-    tool's policy says. InvalidInput: arguments too large."""
+    same token's same call whose result it has not been given yet, still waiting or made less
+    than GRUNDLAG_GATEWAY_RETRY_SECONDS ago (a retry joins it). Else a new run, whose step asks
+    (or not) as the tool's policy says. InvalidInput: arguments too large."""
     check_size("the arguments", arguments)
     digest = arguments_hash(arguments)
     policy = upstream.policy_for(tool)
@@ -261,13 +278,11 @@ def start_call(
         since = timezone.now() - timedelta(seconds=settings.GRUNDLAG_GATEWAY_RETRY_SECONDS)
         earlier = (
             GatewayCall.objects.filter(
-                token=token,
-                upstream=upstream,
-                tool=tool,
-                arguments_sha256=digest,
-                delivered=False,
-                created_at__gte=since,
+                token=token, upstream=upstream, tool=tool, arguments_sha256=digest, delivered=False
             )
+            # A call still waiting is joined however long its decision takes; a finished one,
+            # whose result the host never asked for, only within the window.
+            .filter(Q(created_at__gte=since) | ~Q(run__status__in=Run.FINISHED))
             .exclude(run__status=Run.Status.CANCELLED)
             .select_related("run")
             .order_by("-created_at")

@@ -19,6 +19,7 @@ from actions.core import (
     registry,
 )
 from actions.engine import rules
+from actions.engine.driving import driver_for
 from actions.engine.errors import InvalidInput, NotAllowed
 from actions.engine.policies import may_decide, role_refusal, separation_of_duties
 from actions.engine.rules import (
@@ -92,6 +93,10 @@ def why_no_grant(interrupt: Interrupt) -> str:
     act = registry.find(interrupt.action)
     if act is not None and not act.policy.auto_approve:
         return f"{interrupt.action} may not be approved automatically, so it takes no grant"
+    if act is None:
+        run = Run.objects.only("consumer", "driver_state").get(pk=interrupt.run_id)
+        if not driver_for(run.consumer).approves_automatically(run):
+            return f"{interrupt.action} may not be approved automatically, so it takes no grant"
     if interrupt.approvals_required != 1:
         return "a grant is one person's approval, and this needs several"
     return ""

@@ -10,9 +10,9 @@ from actions.models import ReceiptKey
 
 class Command(BaseCommand):
     help = (
-        "The keys approval receipts are signed with: list them, rotate (a new key signs from now;"
-        " the old one stays in /.well-known/jwks.json until its receipts expire), or revoke one at"
-        " once (it leaked: the receipts it signed stop verifying)."
+        "The keys approval receipts are signed with: list them, rotate (a new key is published now"
+        " and signs five minutes later; the old one stays in /.well-known/jwks.json until its"
+        " receipts expire), or revoke one at once (it leaked: the receipts it signed stop verifying)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -25,7 +25,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["verb"] == "rotate":
             key = engine.receipts.rotate()
-            self.stdout.write(f"{key.kid} signs from now on")
+            starts = key.created_at + engine.receipts.PUBLISHED_AHEAD
+            self.stdout.write(f"{key.kid} is published now and signs from {starts:%Y-%m-%d %H:%M:%S} UTC")
         elif options["verb"] == "revoke":
             if not engine.receipts.revoke(options["kid"]):
                 raise CommandError(f"no key {options['kid']!r} in force")
