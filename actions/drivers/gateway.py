@@ -24,13 +24,9 @@ import json
 import logging
 from typing import Any, cast
 
-import httpx2
 import mcp_types as types
 from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
-from mcp import Client
-from mcp.client.session import IncomingMessage
-from mcp.client.streamable_http import streamable_http_client
 
 from actions.core import Approve, Rule
 from actions.engine import gateway, outbound, receipts
@@ -51,30 +47,29 @@ class UpstreamFailed(Exception):
     """The upstream could not be asked: why, in words the team can act on."""
 
 
-class _Pinned(httpx2.AsyncHTTPTransport):
-    """Sends every request to the address its host was checked to resolve to (the Host header
-    and TLS's server name stay the host's)."""
+def _http(upstream: McpUpstream, headers: dict[str, str]) -> Any:
+    """An HTTP client for the upstream (httpx2, as the SDK's transport takes), which sends every
+    request to the address its host was checked to resolve to (the Host header and TLS's server
+    name stay the host's). The SDK's client is loaded here, where an upstream is spoken to: the
+    processes of a site that has none need not load it."""
+    import httpx2  # noqa: PLC0415
 
-    def __init__(self, address: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.address = address
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        url, _, extensions = outbound.pinned(str(request.url), self.address)
-        request.url = httpx2.URL(url)
-        request.extensions = {**request.extensions, **extensions}
-        return await super().handle_async_request(request)
-
-
-def _http(upstream: McpUpstream, headers: dict[str, str]) -> httpx2.AsyncClient:
     problem, addresses = outbound.resolve(upstream.url)
     if problem:
         raise UpstreamFailed(f"refused: {problem}")
+
+    class Pinned(httpx2.AsyncHTTPTransport):
+        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+            url, _, extensions = outbound.pinned(str(request.url), addresses[0])
+            request.url = httpx2.URL(url)
+            request.extensions = {**request.extensions, **extensions}
+            return await super().handle_async_request(request)
+
     seconds = settings.GRUNDLAG_GATEWAY_CALL_SECONDS
     return httpx2.AsyncClient(
         headers=headers,
         timeout=httpx2.Timeout(seconds),
-        transport=_Pinned(addresses[0]),
+        transport=Pinned(),
         follow_redirects=False,
         trust_env=False,
     )
@@ -86,12 +81,15 @@ class _Listener:
     def __init__(self) -> None:
         self.tools_changed = False
 
-    async def __call__(self, message: IncomingMessage) -> None:
+    async def __call__(self, message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification):
             self.tools_changed = True
 
 
 async def _exchange(upstream: McpUpstream, ask: Any) -> Any:
+    from mcp import Client  # noqa: PLC0415 - loaded where an upstream is spoken to (_http says why)
+    from mcp.client.streamable_http import streamable_http_client  # noqa: PLC0415
+
     listener = _Listener()
     headers = gateway.headers_of(upstream)
     try:
@@ -137,7 +135,7 @@ def _why(exc: BaseException) -> str:
 async def list_tools(upstream: McpUpstream) -> list[dict[str, Any]]:
     """The upstream's tools, every page (at most MAX_TOOLS), as its tools/list says them."""
 
-    async def ask(client: Client) -> list[dict[str, Any]]:
+    async def ask(client: Any) -> list[dict[str, Any]]:
         tools: list[dict[str, Any]] = []
         cursor = None
         while True:
@@ -171,8 +169,10 @@ async def call_tool(
 ) -> dict[str, Any]:
     """The upstream's result of the call (an error result is a result)."""
 
-    async def ask(client: Client) -> dict[str, Any]:
-        result = await client.call_tool(tool, arguments, meta=cast(types.RequestParamsMeta, meta))
+    async def ask(client: Any) -> dict[str, Any]:
+        result: types.CallToolResult = await client.call_tool(
+            tool, arguments, meta=cast(types.RequestParamsMeta, meta)
+        )
         return result.model_dump(by_alias=True, mode="json", exclude_none=True)
 
     output: dict[str, Any] = await _exchange(upstream, ask)
