@@ -238,7 +238,8 @@ def test_the_periodic_round_starts_after_the_events_it_has_settled(
 # tests/integration/test_notify.py).
 
 ECHO = """
-import sys
+import signal, sys
+signal.signal(signal.SIGTERM, lambda signum, frame: None)  # as the notifier, once started
 with open(sys.argv[1], "a", buffering=1) as out:
     out.write(f"started {__import__('os').getpid()}\\n")
     for line in sys.stdin:
@@ -275,3 +276,19 @@ def test_the_notifier_gets_each_line_and_is_started_again_when_it_dies(tmp_path:
     finally:
         notifier.stop(timeout=5)
     assert notifier._proc is not None and notifier._proc.returncode == 0, "it ends when its pipe closes"
+
+
+def test_a_notifier_still_starting_up_is_not_waited_for(tmp_path: Path) -> None:
+    """A server stopped while its notifier is still starting (Django's setup takes seconds on a
+    busy machine) does not wait for it to finish starting only to stop: it has nothing under
+    way, and what it would have sent is in the database for the next one."""
+    written = tmp_path / "lines"
+    starting = f"import time; time.sleep(30)\n{ECHO}"
+    notifier = Notifier([sys.executable, "-c", starting, str(written)])
+    notifier.start()
+    notifier.wake([7])
+    started = time.monotonic()
+    notifier.stop(timeout=20)
+    assert time.monotonic() - started < 10  # not the 30 s it would take to start
+    assert notifier._proc is not None and notifier._proc.returncode == -signal.SIGTERM
+    assert lines_in(written) == []

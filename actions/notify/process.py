@@ -63,17 +63,31 @@ class Notifier:
         self._lines.put("ping")
 
     def stop(self, timeout: float = 10) -> None:
-        """Close its pipe: it finishes the deliveries under way and exits."""
+        """Close its pipe: it finishes the deliveries under way and exits. It is sent SIGTERM
+        first: a notifier still starting up (Django's setup takes seconds on a busy machine) has
+        nothing under way and ends at once, instead of finishing its start only to stop; one
+        that has started ignores it and waits for the pipe (`manage.py notifier`)."""
         self._stopping = True  # one that died meanwhile is not started again
+        # Before the pipe closes: a notifier exiting on the closed pipe has given up its
+        # handler, and would die of it.
+        self._terminate(current := self._proc)
         self._lines.put(None)
         self._thread.join(timeout)
         if (proc := self._proc) is not None:
+            if proc is not current:  # started again meanwhile, by a line that found it dead
+                self._terminate(proc)
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 logger.warning("the notifier did not stop within %s s; killed", timeout)
                 proc.kill()
                 proc.wait()
+
+    @staticmethod
+    def _terminate(proc: subprocess.Popen[bytes] | None) -> None:
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
 
     @property
     def pid(self) -> int | None:

@@ -131,6 +131,30 @@ def test_the_notifier_goes_with_its_server(site: Site) -> None:
     wait_for(lambda: not alive(notifier), timeout=20, what="the notifier to end with its server")
 
 
+def test_a_server_stopped_mid_send_lets_its_notifier_finish_the_send(site: Site, receiver: Receiver) -> None:
+    """SIGTERM to the server (and, from a supervisor, to the notifier beside it) while the
+    notifier waits on a slow endpoint: the send under way finishes and is recorded, and both
+    exit."""
+    site.env.update(GRUNDLAG_WEBHOOK_ALLOW_PRIVATE="true")
+    server = site.serve()
+    notifier = notifier_of(server)
+    receiver.delays = [2]
+    with server.client(site.token) as api:
+        api.post("/api/webhooks", json={"url": receiver.url, "events": ["interrupt.created"]})
+        run = api.post(
+            "/api/runs",
+            json={"action": "send_invoice", "input": {"invoice_id": "T-1", "amount": 1}},
+            headers={"Prefer": "wait=20"},
+        ).json()
+    assert run["status"] == "interrupted", run
+    assert receiver.arrived.wait(20), "the notifier never sent it"
+    os.kill(notifier, signal.SIGTERM)  # as systemd's stop does, to the whole group
+    assert stop(server.proc, signal.SIGTERM, timeout=20) == 0
+    assert not alive(notifier)
+    outcome = site.sql("SELECT outcome, attempts FROM actions_notification WHERE channel = 'webhook'")
+    assert outcome == [("delivered", 1)]
+
+
 def test_a_webhook_whose_worker_was_killed_mid_send_is_delivered_by_another(
     scaled_site: Site, receiver: Receiver
 ) -> None:

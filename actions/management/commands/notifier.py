@@ -28,8 +28,15 @@ NICENESS = 10
 
 class Command(BaseCommand):
     help = "The embedded server's notifier; `manage.py serve` starts it (not for use on its own)."
+    # The server that starts it has run them: here they would only make it later to start.
+    requires_system_checks: list[str] = []
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # First thing: until here SIGTERM ends this process at once, with nothing under way (a
+        # server stopping sends it, so a notifier still starting up is not waited for). From
+        # here the closing of the pipe stops it, gently; SIGTERM, the server's or a
+        # supervisor's to the whole group, is ignored.
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
         if sys.stdin.isatty():
             raise CommandError("`manage.py serve` starts the notifier and feeds it; it is not run by hand")
         # Ctrl-C in a terminal reaches the whole process group: the server stops this process
