@@ -17,7 +17,7 @@ from django.conf import settings  # noqa: E402
 from actions import mcp  # noqa: E402
 from actions.live import waiting  # noqa: E402
 from actions.web.health import answering_liveness  # noqa: E402
-from actions.web.middleware import BodyLimit, TokenConcurrency, cap_daphne_bodies  # noqa: E402
+from actions.web.middleware import BodyLimit, RequestThreads, TokenConcurrency, cap_daphne_bodies  # noqa: E402
 from actions.web.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -26,7 +26,8 @@ application = ProtocolTypeRouter(
         # Every body is capped before either reads it (Django's handler would read it whole).
         # One token's requests under way at once are capped before anything runs; /healthz is
         # answered before even that.
-        "http": answering_liveness(TokenConcurrency(BodyLimit(mcp.mount(django_asgi_app)))),
+        # Each request's synchronous part runs on a thread kept from the requests before it.
+        "http": answering_liveness(TokenConcurrency(BodyLimit(mcp.mount(RequestThreads(django_asgi_app))))),
         # The pages that may open it are those that may call /mcp/ (which checks them itself).
         "websocket": OriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns)), settings.GRUNDLAG_ALLOWED_ORIGINS

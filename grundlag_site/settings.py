@@ -261,13 +261,14 @@ if _database["ENGINE"] == "django.db.backends.sqlite3":
     # temporary directory. `make check` names a fixed one, which pytest's --reuse-db keeps.
     _database["TEST"] = {"NAME": os.getenv("TEST_SQLITE_NAME", str(_default_test_db))}
 elif _database["ENGINE"] == "django.db.backends.postgresql":
-    # A pool of connections per process (psycopg_pool, Django's "pool" option). Under ASGI each
-    # request runs its database work in a thread of its own, so a connection kept per thread
-    # (CONN_MAX_AGE) is never reused: every request paid for a new connection, about 10 ms
-    # before its first query. Up to DB_POOL_SIZE connections per process (by default 10, or a
-    # worker's WORKER_CONCURRENCY and 4 for its other threads); 0 turns the pool off, and
-    # DB_CONN_MAX_AGE applies. A step that found no connection (the database restarting) is
-    # sent again a moment later (actions.tasks.run_step).
+    # A pool of connections per process (psycopg_pool, Django's "pool" option), shared by its
+    # threads. A connection kept per thread (CONN_MAX_AGE) is held by every thread requests have
+    # run on, idle or not (up to 32 kept; Django's own ASGI handler makes a thread per request,
+    # which made every request pay for a new connection, about 10 ms before its first query).
+    # Up to DB_POOL_SIZE connections per process (by default 10, or a worker's WORKER_CONCURRENCY
+    # and 4 for its other threads); 0 turns the pool off, and DB_CONN_MAX_AGE applies. A step
+    # that found no connection (the database restarting) is sent again a moment later
+    # (actions.tasks.run_step).
     pool_size = envint("DB_POOL_SIZE", str(max(10, envint("WORKER_CONCURRENCY", "4", minimum=1) + 4)))
     if pool_size:
         if _database.get("CONN_MAX_AGE"):

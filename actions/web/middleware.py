@@ -4,11 +4,14 @@ import hashlib
 import io
 import json
 import logging
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
 import axes.middleware
+from asgiref.sync import ThreadSensitiveContext
 from django.conf import settings
 from django.core.checks import Error
 from django.db import InterfaceError, OperationalError
@@ -176,6 +179,66 @@ class TokenConcurrency:
             {"detail": f"this token has {most} requests under way already; retry when one has ended"}
         ).encode()
         await respond(send, 429, body, b"application/json", [(b"retry-after", b"1")])
+
+
+class RequestThreads:
+    """Each request's synchronous part (Django's middleware and views, the engine) runs on a
+    thread of its own, as Django's ASGI handler arranges (ThreadSensitiveContext); the handler
+    makes that thread for the request and joins it after, about a millisecond of the process's
+    time a request. Here a request takes an idle one of the threads earlier requests used
+    instead, as a WSGI server's pool would, and gives it back when it is answered. A thread
+    still busy then (its request cancelled while it ran: the client went away) is not given
+    back; it ends when its work does. At most ``keep`` idle threads are kept."""
+
+    def __init__(self, app: Any, keep: int = 32) -> None:
+        self.app = app
+        self.keep = keep
+        self.idle: list[_RequestThread] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        # Taken and given back on the event loop's thread only: no lock.
+        thread = self.idle.pop() if self.idle else _RequestThread()
+        try:
+            async with ThreadSensitiveContext(executor=thread):
+                await self.app(scope, receive, send)
+        finally:
+            if thread.busy or len(self.idle) >= self.keep:
+                thread.shutdown(wait=False)
+            else:
+                self.idle.append(thread)
+
+
+class _RequestThread(ThreadPoolExecutor):
+    """One thread, which says whether it has work under way."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1, thread_name_prefix="grundlag-request")
+        self._under_way = 0
+        self._count = threading.Lock()
+
+    @property
+    def busy(self) -> bool:
+        return self._under_way > 0
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        with self._count:
+            self._under_way += 1
+        try:
+            return super().submit(self._run, fn, *args, **kwargs)
+        except BaseException:
+            with self._count:
+                self._under_way -= 1
+            raise
+
+    def _run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with self._count:
+                self._under_way -= 1
 
 
 async def respond(
