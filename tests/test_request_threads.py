@@ -15,6 +15,7 @@ import httpx
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.asgi import get_asgi_application
+from django.core.signals import request_started
 
 from actions.web.middleware import RequestThreads
 
@@ -84,6 +85,23 @@ async def test_a_thread_busy_with_a_cancelled_request_is_not_handed_to_the_next(
         inner.release.set()
 
 
+class Fails:
+    """An app whose request fails after its sync work (or is cancelled: the same path), which
+    may have left state on its thread that nothing cleaned up."""
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await sync_to_async(threading.get_ident)()
+        raise RuntimeError("the request failed")
+
+
+@pytest.mark.asyncio
+async def test_the_thread_of_a_request_that_failed_is_not_kept() -> None:
+    app = RequestThreads(Fails())
+    with pytest.raises(RuntimeError):
+        await request(app)
+    assert app.idle == []
+
+
 @pytest.mark.asyncio
 async def test_at_most_keep_idle_threads_are_kept() -> None:
     app = RequestThreads(SyncWork(), keep=2)
@@ -125,9 +143,20 @@ async def test_django_and_the_api_run_on_a_kept_thread(token_key: str) -> None:
     app = RequestThreads(get_asgi_application())
     transport = httpx.ASGITransport(app=cast(Any, app))
     headers = {"Authorization": f"Bearer {token_key}"}
-    async with httpx.AsyncClient(transport=transport, base_url="http://testserver", headers=headers) as c:
-        started = await c.post("/api/approvals", json={"message": "ship it?"})
-        assert started.status_code == 202, started.text
-        read = await c.get(f"/api/approvals/{started.json()['id']}")
-        assert read.status_code == 200 and read.json()["status"] == "pending", read.text
+    ran_on: list[str] = []
+
+    def started(**kwargs: Any) -> None:
+        ran_on.append(threading.current_thread().name)
+
+    request_started.connect(started)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver", headers=headers) as c:
+            asked = await c.post("/api/approvals", json={"message": "ship it?"})
+            assert asked.status_code == 202, asked.text
+            read = await c.get(f"/api/approvals/{asked.json()['id']}")
+            assert read.status_code == 200 and read.json()["status"] == "pending", read.text
+    finally:
+        request_started.disconnect(started)
+    assert len(ran_on) == 2 and ran_on[0] == ran_on[1], ran_on
+    assert ran_on[0].startswith("grundlag-request"), ran_on
     assert len(app.idle) == 1

@@ -413,8 +413,9 @@ class TokenRateThrottle(BaseThrottle):
     one; see _Window), keyed by the token's id, read from the settings at each request. ninja
     keeps one throttle for every request of the API and its window of the request being
     checked on the throttle, between allow_request() and wait(): here the window is one of
-    the request's own, kept for its thread (a sync view's request runs in a thread of its own;
-    an async view's checks run on the event loop with nothing in between)."""
+    the request's own, kept for its thread (a sync view's request runs on a thread no other
+    request uses meanwhile; an async view's checks run on the event loop with nothing in
+    between)."""
 
     def __init__(self) -> None:
         self._checked = threading.local()

@@ -68,13 +68,13 @@ class Notifier:
         nothing under way and ends at once, instead of finishing its start only to stop; one
         that has started ignores it and waits for the pipe (`manage.py notifier`)."""
         self._stopping = True  # one that died meanwhile is not started again
-        # Before the pipe closes: a notifier exiting on the closed pipe has given up its
-        # handler, and would die of it.
-        self._terminate(current := self._proc)
+        # Before the pipe closes: a notifier that has finished and is exiting has given its
+        # handler up (the interpreter's shutdown), and would end by the signal, not with 0.
+        self._terminate(running := self._proc)
         self._lines.put(None)
         self._thread.join(timeout)
         if (proc := self._proc) is not None:
-            if proc is not current:  # started again meanwhile, by a line that found it dead
+            if proc is not running:  # started again meanwhile, by a line that found it dead
                 self._terminate(proc)
             try:
                 proc.wait(timeout)
@@ -86,8 +86,7 @@ class Notifier:
     @staticmethod
     def _terminate(proc: subprocess.Popen[bytes] | None) -> None:
         if proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
+            proc.terminate()  # nothing, if it has ended
 
     @property
     def pid(self) -> int | None:
@@ -139,4 +138,5 @@ class Notifier:
             delay,
         )
         time.sleep(delay)
-        self._spawn()
+        if not self._stopping:  # the server may have stopped meanwhile
+            self._spawn()

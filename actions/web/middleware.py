@@ -6,7 +6,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -201,11 +201,15 @@ class RequestThreads:
             return
         # Taken and given back on the event loop's thread only: no lock.
         thread = self.idle.pop() if self.idle else _RequestThread()
+        ended = False
         try:
             async with ThreadSensitiveContext(executor=thread):
                 await self.app(scope, receive, send)
+            ended = True
         finally:
-            if thread.busy or len(self.idle) >= self.keep:
+            # A request cancelled or failed may have left its work in the thread's state (a
+            # connection Django's request_finished never closed): that thread is not kept.
+            if not ended or thread.busy or len(self.idle) >= self.keep:
                 thread.shutdown(wait=False)
             else:
                 self.idle.append(thread)
@@ -227,18 +231,26 @@ class _RequestThread(ThreadPoolExecutor):
         with self._count:
             self._under_way += 1
         try:
-            return super().submit(self._run, fn, *args, **kwargs)
+            future = super().submit(self._run, fn, *args, **kwargs)
         except BaseException:
-            with self._count:
-                self._under_way -= 1
+            self._ended()
             raise
+        future.add_done_callback(self._cancelled)
+        return future
+
+    def _cancelled(self, future: Future[Any]) -> None:
+        if future.cancelled():  # before it ran: _run never counts it off
+            self._ended()
 
     def _run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         finally:
-            with self._count:
-                self._under_way -= 1
+            self._ended()  # before the future is done: the request sees it idle once answered
+
+    def _ended(self) -> None:
+        with self._count:
+            self._under_way -= 1
 
 
 async def respond(

@@ -14,12 +14,12 @@ held it well under one. Instead:
   alone after each of its transactions for as long as the transaction held it, so the
   server's writers get their turn however many mails it is sending.
 
-And its connections are kept for the next thread. Under ASGI each request does its database work
-in a thread of its own, and the embedded worker's steps in a pool's threads, so a connection kept
-per thread (CONN_MAX_AGE) is never reused: every request and every step opened one, about 2 ms
-on this project's schema (SQLite reads the schema again on a new connection's first statement).
-A closed connection goes back to a small pool of its process instead, and the next one opened on
-the same database file takes it (``_Idle``)."""
+And its connections are kept for the next thread. A request's connection is closed as it ends
+(CONN_MAX_AGE 0), on whichever thread it ran (a kept one, actions.web.middleware.RequestThreads,
+or /mcp/'s own), and the embedded worker's steps run in a pool's threads: every request and
+every step opened one, about 2 ms on this project's schema (SQLite reads the schema again on a
+new connection's first statement). A closed connection goes back to a small pool of its process
+instead, and the next one opened on the same database file takes it (``_Idle``)."""
 
 from __future__ import annotations
 
