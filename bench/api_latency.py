@@ -24,7 +24,7 @@ from typing import Any, TypedDict
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cpu_seconds, database_for, percentile, served_site  # noqa: E402
+from bench.common import cpu_by_process, cpu_seconds, database_for, percentile, served_site  # noqa: E402
 from tests.integration.processes import Server  # noqa: E402
 
 
@@ -57,6 +57,7 @@ class Figures(TypedDict, total=False):
     started: list[float]  # ms, each cycle's start -> interrupted (LangGraph: invoke -> interrupt)
     resumed: list[float]  # ms, resume -> completed (LangGraph: resume -> done)
     cpu_ms: float  # the site's processes' CPU per cycle (LangGraph: this process's)
+    cpu_ms_by_process: dict[str, float]  # the same, by process ("serve", "notifier", a worker)
     # The site's CPU per request of a plain read, beside the cycle's: `GET /api/runs/<id>` of a
     # paused run, and `/healthz` (no authentication, no database): what the API's own path
     # costs, apart from the engine and the waiting.
@@ -92,12 +93,24 @@ def grundlag(name: str, cycles: int) -> Figures:
         pids = [process.pid for process in site.processes]
         # Started (bench.common.settle_started): what the start cost, each process since it began.
         cpu_before = cpu_seconds(pids)
+        by_process = cpu_by_process(pids)
         started, resumed = api_cycles(server, token, cycles)
         # What a cycle costs the site's processes (the server, the workers, the notifier; not
         # PostgreSQL or Redis): on two cores, latency follows it; less noisy than the latency.
         cpu_ms = (cpu_seconds(pids) - cpu_before) / (cycles + 3) * 1000
+        by_process = {
+            kind: (seconds - by_process.get(kind, 0.0)) / (cycles + 3) * 1000
+            for kind, seconds in cpu_by_process(pids).items()
+        }
         reads = read_cpu(pids, server, token)
-    return Figures(started=started, resumed=resumed, cpu_ms=cpu_ms, read_cpu_ms=reads, start_cpu_s=cpu_before)
+    return Figures(
+        started=started,
+        resumed=resumed,
+        cpu_ms=cpu_ms,
+        cpu_ms_by_process=by_process,
+        read_cpu_ms=reads,
+        start_cpu_s=cpu_before,
+    )
 
 
 def lines(name: str, figures: Figures) -> list[str]:
@@ -110,6 +123,10 @@ def lines(name: str, figures: Figures) -> list[str]:
         line(name, what[0], figures["started"]),
         line(name, what[1], figures["resumed"]),
         f"  {name:<22} {'CPU per cycle':<24} {figures['cpu_ms']:7.1f} ms",
+        *(
+            f"  {name:<22} {'  of which ' + kind:<24} {ms:7.1f} ms"
+            for kind, ms in sorted(figures.get("cpu_ms_by_process", {}).items(), key=lambda item: -item[1])
+        ),
         *(
             f"  {name:<22} {'CPU per ' + what:<24} {ms:7.1f} ms"
             for what, ms in figures.get("read_cpu_ms", {}).items()

@@ -61,6 +61,36 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def cpu_by_process(pids: list[int]) -> dict[str, float]:
+    """CPU time (user and system) of these processes and their children, in seconds, by what
+    each is (``manage.py serve``: "serve"; its notifier: "notifier"; a Celery worker of the
+    notify queue: "worker -Q notify"; ...), the same kinds added up."""
+    import psutil
+
+    totals: dict[str, float] = {}
+    for pid in pids:
+        process = psutil.Process(pid)
+        for p in [process, *process.children(recursive=True)]:
+            try:
+                times, argv = p.cpu_times(), p.cmdline()
+            except psutil.NoSuchProcess:  # a child that ended meanwhile
+                continue
+            kind = _kind(argv)
+            totals[kind] = totals.get(kind, 0.0) + times.user + times.system
+    return totals
+
+
+def _kind(argv: list[str]) -> str:
+    managed = [n for n, arg in enumerate(argv[:-1]) if arg.endswith("manage.py")]
+    if managed:
+        return argv[managed[0] + 1]
+    if any(arg.endswith("celery") for arg in argv):
+        words = [arg for arg in argv if arg in ("worker", "beat")]
+        queue = argv[argv.index("-Q") + 1] if "-Q" in argv and argv.index("-Q") + 1 < len(argv) else ""
+        return " ".join([*words, *(["-Q", queue] if queue else [])]) or "celery"
+    return " ".join(argv[:2])
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
