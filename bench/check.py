@@ -130,6 +130,8 @@ def main() -> int:
     print(f"Against the baseline of {baseline.get('commit')} ({baseline.get('measured')}), at {commit()}:")
     if "site cpu measured" in baseline:  # the site's CPU is counted from a started site since
         print(f"(the site cpu figures: {baseline['site cpu measured']})")
+    if "notifier cpu measured" in baseline:
+        print(f"(the notifier's: {baseline['notifier cpu measured']})")
     failed = compare(measured, baseline)
     if failed:
         print(f"\nMore than {TOLERANCE:.0%} worse than the baseline:\n  " + "\n  ".join(failed))
