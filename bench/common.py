@@ -47,18 +47,7 @@ def raise_file_limit() -> None:
 
 def cpu_seconds(pids: list[int]) -> float:
     """CPU time (user and system) of these processes and their children, in seconds."""
-    import psutil
-
-    total = 0.0
-    for pid in pids:
-        process = psutil.Process(pid)
-        for p in [process, *process.children(recursive=True)]:
-            try:
-                times = p.cpu_times()
-            except psutil.NoSuchProcess:  # a child that ended meanwhile
-                continue
-            total += times.user + times.system
-    return total
+    return sum(cpu_by_process(pids).values())
 
 
 def cpu_by_process(pids: list[int]) -> dict[str, float]:
