@@ -262,10 +262,9 @@ if _database["ENGINE"] == "django.db.backends.sqlite3":
     _database["TEST"] = {"NAME": os.getenv("TEST_SQLITE_NAME", str(_default_test_db))}
 elif _database["ENGINE"] == "django.db.backends.postgresql":
     # A pool of connections per process (psycopg_pool, Django's "pool" option), shared by its
-    # threads. A connection kept per thread (CONN_MAX_AGE) is held by every thread requests have
-    # run on, idle or not (up to 32 kept; Django's own ASGI handler makes a thread per request,
-    # which made every request pay for a new connection, about 10 ms before its first query;
-    # with the pool off and DB_CONN_MAX_AGE set, each idle one still holds its connection).
+    # threads. A connection kept per thread (CONN_MAX_AGE) instead stays open, idle, with each
+    # thread the process keeps for requests (up to 32); and while Django made a thread for each
+    # request, every request paid for a new connection, about 10 ms before its first query.
     # Up to DB_POOL_SIZE connections per process (by default 10, or a worker's WORKER_CONCURRENCY
     # and 4 for its other threads); 0 turns the pool off, and DB_CONN_MAX_AGE applies. A step
     # that found no connection (the database restarting) is sent again a moment later

@@ -184,11 +184,12 @@ class TokenConcurrency:
 class RequestThreads:
     """Each request's synchronous part (Django's middleware and views, the engine) runs on a
     thread of its own, as Django's ASGI handler arranges (ThreadSensitiveContext); the handler
-    makes that thread for the request and joins it after, about a millisecond of the process's
-    time a request. Here a request takes an idle one of the threads earlier requests used
-    instead, as a WSGI server's pool would, and gives it back when it is answered. A thread
-    still busy then (its request cancelled while it ran: the client went away) is not given
-    back; it ends when its work does. At most ``keep`` idle threads are kept."""
+    makes that thread for the request, and another to join it after: 0.35 to 0.9 ms of the
+    process's CPU a request (bench/RESULTS.md). Here a request takes an idle one of the threads
+    earlier requests used instead, as a WSGI server's pool would, and gives it back when it is
+    answered. A request that failed or was cancelled (the client went away) gives none back:
+    its work may still be running there, or have left state that nothing cleaned up; that
+    thread ends when its work does. At most ``keep`` idle threads are kept."""
 
     def __init__(self, app: Any, keep: int = 32) -> None:
         self.app = app
