@@ -228,14 +228,13 @@ class GatewayDriver(Driver):
             result = {"content": [{"type": "text", "text": said}], "isError": True}
         return StepResult(Run.Status.COMPLETED, output=result)
 
-    @staticmethod
-    def pause(run: Run, bound: dict[str, Any]) -> Pause:
+    def pause(self, run: Run, bound: dict[str, Any]) -> Pause:
         state = run.driver_state
         upstream_name, _, tool = run.action.partition("/")
         # The host's token asked: no token approves it, whatever its scopes (a person does, or
         # a rule or a grant where the tool's policy lets them).
         policy: dict[str, Any] = {"requester_may_approve": False}
-        if state.get("policy") == McpUpstream.Policy.ASK:
+        if not self.approves_automatically(run):
             policy["auto_approve"] = False
         elif state.get("policy") == McpUpstream.Policy.NEVER:
             # The tool's own rule, after the team's: a team rule that rejects, routes or asks for

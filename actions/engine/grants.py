@@ -90,16 +90,19 @@ GRANT_LASTING: dict[str, tuple[str, timedelta | None]] = {
 def why_no_grant(interrupt: Interrupt) -> str:
     """Why approving ``interrupt`` cannot come with a standing grant, or "": a grant is one
     person's approval of an action that may be approved automatically."""
-    act = registry.find(interrupt.action)
-    if act is not None and not act.policy.auto_approve:
+    if not _approves_automatically(interrupt):
         return f"{interrupt.action} may not be approved automatically, so it takes no grant"
-    if act is None:
-        run = Run.objects.only("consumer", "driver_state").get(pk=interrupt.run_id)
-        if not driver_for(run.consumer).approves_automatically(run):
-            return f"{interrupt.action} may not be approved automatically, so it takes no grant"
     if interrupt.approvals_required != 1:
         return "a grant is one person's approval, and this needs several"
     return ""
+
+
+def _approves_automatically(interrupt: Interrupt) -> bool:
+    """As its action's policy says, or, for a call that is no registered action, its driver."""
+    if (act := registry.find(interrupt.action)) is not None:
+        return act.policy.auto_approve
+    run = Run.objects.only("consumer", "driver_state").get(pk=interrupt.run_id)
+    return driver_for(run.consumer).approves_automatically(run)
 
 
 class GrantRefused(InvalidInput):
