@@ -92,16 +92,16 @@ def grundlag(name: str, cycles: int) -> Figures:
     ):
         pids = [process.pid for process in site.processes]
         # Started (bench.common.settle_started): what the start cost, each process since it began.
-        cpu_before = cpu_seconds(pids)
-        by_process = cpu_by_process(pids)
+        before = cpu_by_process(pids)
         started, resumed = api_cycles(server, token, cycles)
         # What a cycle costs the site's processes (the server, the workers, the notifier; not
         # PostgreSQL or Redis): on two cores, latency follows it; less noisy than the latency.
-        cpu_ms = (cpu_seconds(pids) - cpu_before) / (cycles + 3) * 1000
         by_process = {
-            kind: (seconds - by_process.get(kind, 0.0)) / (cycles + 3) * 1000
+            kind: (seconds - before.get(kind, 0.0)) / (cycles + 3) * 1000
             for kind, seconds in cpu_by_process(pids).items()
         }
+        cpu_ms = sum(by_process.values())
+        cpu_before = sum(before.values())
         reads = read_cpu(pids, server, token)
     return Figures(
         started=started,
