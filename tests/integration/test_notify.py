@@ -110,6 +110,23 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def sending_a_new_interrupt(
+    server: Server, token: str, receiver: Receiver, invoice: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A webhook for new interrupts, and a run paused; returns (the webhook, the run) once its
+    notification has reached the receiver (which may hold it: ``receiver.delays``)."""
+    with server.client(token) as api:
+        hook = api.post("/api/webhooks", json={"url": receiver.url, "events": ["interrupt.created"]}).json()
+        run = api.post(
+            "/api/runs",
+            json={"action": "send_invoice", "input": {"invoice_id": invoice, "amount": 1}},
+            headers={"Prefer": "wait=20"},
+        ).json()
+    assert run["status"] == "interrupted", run
+    assert receiver.arrived.wait(20), "its notification was never sent"
+    return hook, run
+
+
 def test_the_embedded_notifier_is_started_again_when_it_dies(site: Site, receiver: Receiver) -> None:
     site.env.update(GRUNDLAG_WEBHOOK_ALLOW_PRIVATE="true", GRUNDLAG_SWEEP_SECONDS="1")
     server = site.serve()
@@ -139,15 +156,7 @@ def test_a_server_stopped_mid_send_lets_its_notifier_finish_the_send(site: Site,
     server = site.serve()
     notifier = notifier_of(server)
     receiver.delays = [2]
-    with server.client(site.token) as api:
-        api.post("/api/webhooks", json={"url": receiver.url, "events": ["interrupt.created"]})
-        run = api.post(
-            "/api/runs",
-            json={"action": "send_invoice", "input": {"invoice_id": "T-1", "amount": 1}},
-            headers={"Prefer": "wait=20"},
-        ).json()
-    assert run["status"] == "interrupted", run
-    assert receiver.arrived.wait(20), "the notifier never sent it"
+    sending_a_new_interrupt(server, site.token, receiver, "T-1")
     os.kill(notifier, signal.SIGTERM)  # as systemd's stop does, to the whole group
     assert stop(server.proc, signal.SIGTERM, timeout=20) == 0
     assert not alive(notifier)
@@ -170,15 +179,7 @@ def test_a_webhook_whose_worker_was_killed_mid_send_is_delivered_by_another(
     web = scaled_site.web()
     doomed = scaled_site.worker("w1")
     receiver.delays = [60]  # the first request hangs until its sender is gone
-    with web.client(scaled_site.token) as api:
-        hook = api.post("/api/webhooks", json={"url": receiver.url, "events": ["interrupt.created"]}).json()
-        run = api.post(
-            "/api/runs",
-            json={"action": "send_invoice", "input": {"invoice_id": "K-1", "amount": 1}},
-            headers={"Prefer": "wait=20"},
-        ).json()
-    assert run["status"] == "interrupted", run
-    assert receiver.arrived.wait(20), "the first worker never sent it"
+    hook, run = sending_a_new_interrupt(web, scaled_site.token, receiver, "K-1")
     stop(doomed, signal.SIGKILL)
     scaled_site.worker("w2")
     scaled_site.beat()
