@@ -75,7 +75,8 @@ def _kind(argv: list[str]) -> str:
         return argv[managed[0] + 1]
     if any(arg.endswith("celery") for arg in argv):
         words = [arg for arg in argv if arg in ("worker", "beat")]
-        queue = argv[argv.index("-Q") + 1] if "-Q" in argv and argv.index("-Q") + 1 < len(argv) else ""
+        flags = [n for n, arg in enumerate(argv[:-1]) if arg in ("-Q", "--queues")]
+        queue = argv[flags[0] + 1] if flags else ""
         return " ".join([*words, *(["-Q", queue] if queue else [])]) or "celery"
     return " ".join(argv[:2])
 

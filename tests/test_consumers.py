@@ -108,6 +108,30 @@ async def test_a_new_interrupt_and_its_decision_reach_the_team_and_no_one_else(
         await communicator.disconnect()
 
 
+async def test_a_change_no_socket_hears_is_not_rendered(
+    team: Team, other_team: Team, reviewer: User, monkeypatch: Any
+) -> None:
+    from actions.live import push as live
+
+    rendered: list[int] = []
+    render = live.inbox_frames
+
+    def counted(changes: list[Any]) -> list[dict[str, Any]]:
+        rendered.extend(change.interrupt_id for change in changes)
+        return render(changes)
+
+    monkeypatch.setattr(live, "inbox_frames", counted)
+    mine = await connect(reviewer)  # a socket of the first team only
+
+    unheard = await start_invoice(other_team)
+    heard = await start_invoice(team)
+    frame = (await frames_until(mine, "interrupt"))[-1]
+
+    assert frame["interrupt_id"] == heard.pk
+    assert rendered == [heard.pk], unheard.pk
+    await mine.disconnect()
+
+
 async def test_frames_never_carry_the_checkpoint(team: Team, reviewer: User) -> None:
     communicator = await connect(reviewer)
 

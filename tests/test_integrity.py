@@ -414,6 +414,7 @@ def test_cancelling_a_run_tells_the_inbox_of_the_team_it_escalated_to(
 
     pushed: list[tuple[list[str], dict[str, Any]]] = []
     monkeypatch.setattr(live, "_anyone_listening", lambda: True)
+    monkeypatch.setattr(live, "heard", set)  # a page of every group listens
     monkeypatch.setattr(live, "_send_to", lambda groups, frame: pushed.append((groups, frame)))
     Policy.objects.create(team=team, action="send_invoice", escalate_after_minutes=1, escalate_to=other_team)
     run = engine.start_run("send_invoice", {"invoice_id": "S", "amount": 1}, team, None)

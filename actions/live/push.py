@@ -21,7 +21,10 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import redis
 from channels.layers import InMemoryChannelLayer, get_channel_layer
+from channels_redis.pubsub import RedisPubSubChannelLayer
+from django.conf import settings
 from django.db import close_old_connections, transaction
 from django.template.loader import render_to_string
 
@@ -120,11 +123,17 @@ def _inbox_rows(shown: list[int]) -> dict[int, Interrupt]:
 
 
 def notify_inboxes(changes: list[InboxChange]) -> None:
-    """Send each change to the streams of its teams, and to pages showing its run. Never
-    raises."""
+    """Send each change to the streams of its teams, and to pages showing its run: those of
+    them that a page somewhere listens to, asked after the commit (``heard``). A change no
+    page hears is neither read nor rendered. Never raises."""
     if not _anyone_listening():
         return
     began = time.perf_counter()
+    groups_of = {id(c): [*map(team_group, c.team_ids), run_group(c.run_id)] for c in changes}
+    listened = heard([group for groups in groups_of.values() for group in groups])
+    changes = [change for change in changes if listened.intersection(groups_of[id(change)])]
+    if not changes:
+        return
     try:
         frames = inbox_frames(changes)
     except Exception:
@@ -133,9 +142,57 @@ def notify_inboxes(changes: list[InboxChange]) -> None:
         logger.warning("inbox frames could not be made; pages catch up on the next", exc_info=True)
         return
     for change, frame in zip(changes, frames, strict=True):
-        groups = [team_group(team) for team in change.team_ids]
-        _send_to([*groups, run_group(change.run_id)], frame)
+        _send_to([group for group in groups_of[id(change)] if group in listened], frame)
     metrics.PUSH_FANOUT.observe(time.perf_counter() - began)
+
+
+# A page joins its groups before it is told "hello", and fetches what it shows only then (and a
+# run page its run on "watching", after joining the run's group): a change committed before a
+# page joined is in what that page fetches. So a push may ask, after its commit, whether anyone
+# listens, and skip what no one hears: a page that joins after the question fetches the change.
+# (Asked anew for each push: an answer kept for later would miss a page that joined meanwhile.)
+_numsub_clients: dict[str, redis.Redis] = {}
+_numsub_lock = threading.Lock()
+
+
+def heard(groups: list[str]) -> set[str]:
+    """Those of ``groups`` that a page somewhere listens to, as far as the channel layer can
+    tell: with Redis pub/sub (one server), one PUBSUB NUMSUB; in memory, this process's groups.
+    Any other layer, or a question that failed: all of them (a push too many costs a frame, a
+    push too few a stale page)."""
+    layer = get_channel_layer()
+    if layer is None:
+        return set()
+    if isinstance(layer, InMemoryChannelLayer):
+        return {group for group in groups if group in layer.groups}
+    client, prefix = _pubsub_server(layer)
+    if client is None or not groups:
+        return set(groups)
+    try:
+        # A group's Redis channel, named as channels-redis names it (RedisPubSubLoopLayer's
+        # _get_group_channel_name; tests/integration/test_push_heard.py holds them together).
+        counts = client.pubsub_numsub(*(f"{prefix}__group__{group}" for group in groups))
+    except Exception:
+        logger.warning("could not ask Redis who listens; pushing to every group", exc_info=True)
+        return set(groups)
+    return {group for group, (_, count) in zip(groups, counts, strict=True) if count}
+
+
+def _pubsub_server(layer: Any) -> tuple[Any, str]:
+    """A client of the one Redis server of a pub/sub channel layer, and the layer's prefix;
+    (None, "") for another layer, or one sharded over several servers (each group on its own)."""
+    if not isinstance(layer, RedisPubSubChannelLayer):
+        return None, ""
+    layers: dict[str, dict[str, Any]] = settings.CHANNEL_LAYERS
+    config: dict[str, Any] = layers["default"].get("CONFIG") or {}
+    hosts = config.get("hosts") or []
+    if len(hosts) != 1 or not isinstance(hosts[0], str):
+        return None, ""
+    url = hosts[0]
+    with _numsub_lock:
+        if url not in _numsub_clients:
+            _numsub_clients[url] = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    return _numsub_clients[url], config.get("prefix", "asgi")
 
 
 def user_group(user_id: int) -> str:

@@ -1,0 +1,81 @@
+"""Pushes through Redis pub/sub (the scaled setup's channel layer, a real Redis) go to the groups
+a socket somewhere listens to; a change no one hears is not read, rendered or sent."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+
+from actions import engine
+from actions.live import push as live
+from actions.models import Interrupt, Run, Team
+from tests.integration.services import Redis
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def pubsub_layer(redis_server: Redis, settings: Any) -> Iterator[Any]:
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [redis_server.url]},
+        }
+    }
+    yield get_channel_layer()
+
+
+@database_sync_to_async
+def start_invoice(team: Team) -> Interrupt:
+    run = engine.start_run("send_invoice", {"invoice_id": "I-1", "amount": 1}, team, None, Run.Consumer.API)
+    return run.interrupts.get()
+
+
+async def test_a_change_reaches_the_groups_listened_to_and_one_no_one_hears_is_not_rendered(
+    pubsub_layer: Any, team: Team, other_team: Team, monkeypatch: Any
+) -> None:
+    rendered: list[list[int]] = []
+    render = live.inbox_frames
+
+    def counted(changes: list[Any]) -> list[dict[str, Any]]:
+        rendered.append([change.interrupt_id for change in changes])
+        return render(changes)
+
+    monkeypatch.setattr(live, "inbox_frames", counted)
+    channel = await pubsub_layer.new_channel()
+    await pubsub_layer.group_add(live.team_group(team.pk), channel)
+    try:
+        assert live.heard([live.team_group(team.pk), live.team_group(other_team.pk), live.run_group(1)]) == {
+            live.team_group(team.pk)
+        }
+
+        unheard = await start_invoice(other_team)
+        heard = await start_invoice(team)
+        frame = await asyncio.wait_for(pubsub_layer.receive(channel), 10)
+        await asyncio.to_thread(lambda: live._renderer.submit(lambda: None).result())  # all sent
+
+        assert f'"interrupt_id": {heard.pk}' in frame["text"] and "I-1" in frame["text"]
+        # Only the team with a socket had its change read and rendered.
+        assert rendered == [[heard.pk]], (rendered, unheard.pk)
+        with pytest.raises(asyncio.TimeoutError):  # and nothing else came
+            await asyncio.wait_for(pubsub_layer.receive(channel), 0.5)
+    finally:
+        await pubsub_layer.group_discard(live.team_group(team.pk), channel)
+        await pubsub_layer.flush()
+
+
+def test_a_question_redis_cannot_answer_pushes_to_every_group(settings: Any) -> None:
+    """A push too many costs a frame; one too few, a stale page."""
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]},  # nothing listens there
+        }
+    }
+    groups = [live.team_group(1), live.run_group(2)]
+    assert live.heard(groups) == set(groups)
