@@ -292,6 +292,8 @@ def on_run_changed(
 
 
 def _send_to(groups: list[str], frame: dict[str, Any]) -> None:
+    if not _anyone_listening():
+        return  # nothing to encode: no page can hear it (the engine alone, a command)
     # "at" (epoch seconds, when the change was committed and pushed) lets a client judge how
     # fresh a frame is. "id" names the frame, which a page that hears it through two of its
     # groups (its team's and its run's, or two teams') takes once.
