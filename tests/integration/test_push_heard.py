@@ -4,6 +4,7 @@ a socket somewhere listens to; a change no one hears is not read, rendered or se
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -79,3 +80,30 @@ def test_a_question_redis_cannot_answer_pushes_to_every_group(settings: Any) -> 
     }
     groups = [live.team_group(1), live.run_group(2)]
     assert live.heard(groups) == set(groups)
+
+
+async def test_a_page_watching_a_run_hears_its_status_and_a_member_is_told_to_recheck(
+    pubsub_layer: Any, team: Team, reviewer: Any
+) -> None:
+    """Run hints and rechecks are published from the thread that committed (one round trip of
+    its own), named as channels-redis names a group: a socket of the layer hears them."""
+    interrupt = await start_invoice(team)
+    channel = await pubsub_layer.new_channel()
+    await pubsub_layer.group_add(live.run_group(interrupt.run_id), channel)
+    await pubsub_layer.group_add(live.user_group(reviewer.pk), channel)
+    try:
+        await database_sync_to_async(engine.resume)(interrupt, {"approved": True}, reviewer)
+        statuses = []
+        while "completed" not in statuses:
+            frame = await asyncio.wait_for(pubsub_layer.receive(channel), 10)
+            statuses.append(json.loads(frame["text"]).get("status"))
+        assert statuses[-1] == "completed"
+
+        await database_sync_to_async(lambda: team.members.remove(reviewer))()
+        while (message := await asyncio.wait_for(pubsub_layer.receive(channel), 10))[
+            "type"
+        ] != "socket.recheck":
+            pass
+        assert message == {"type": "socket.recheck", "ended_session": None}
+    finally:
+        await pubsub_layer.flush()
