@@ -151,10 +151,26 @@ def notify_inboxes(changes: list[InboxChange]) -> None:
 # page joined is in what that page fetches. So a push may ask, after its commit, whether anyone
 # listens, and skip what no one hears: a page that joins after the question fetches the change.
 # (Asked anew for each push: an answer kept for later would miss a page that joined meanwhile.)
-# The Redis clients that ask and publish from threads (by server; short timeouts: a push is a
-# hint, and the thread that sends it has other work).
+# The Redis clients that ask and publish from threads, by server. Short timeouts: a push is a
+# hint, and the thread that sends it (a step's, a request's) has other work. After a failure the
+# threads leave Redis alone for a while (``_rest``): pushes go through the layer's event loop,
+# which no thread waits for, and every group counts as heard.
 _clients: dict[str, redis.Redis] = {}
 _clients_lock = threading.Lock()
+SYNC_TIMEOUT_SECONDS = 0.5
+REST_SECONDS = 5.0
+_resting_until = 0.0
+
+
+def _rest() -> None:
+    global _resting_until
+    if time.monotonic() >= _resting_until:
+        logger.warning(
+            "Redis did not answer a push in time; pushing through the channel layer for %.0f s",
+            REST_SECONDS,
+            exc_info=True,
+        )
+    _resting_until = time.monotonic() + REST_SECONDS
 
 
 def heard(groups: list[str]) -> set[str]:
@@ -175,15 +191,17 @@ def heard(groups: list[str]) -> set[str]:
         # _get_group_channel_name; tests/integration/test_push_heard.py holds them together).
         counts = client.pubsub_numsub(*(f"{prefix}__group__{group}" for group in groups))
     except Exception:
-        logger.warning("could not ask Redis who listens; pushing to every group", exc_info=True)
+        _rest()
         return set(groups)
     return {group for group, (_, count) in zip(groups, counts, strict=True) if count}
 
 
 def _pubsub_server(layer: Any) -> tuple[Any, str]:
     """A client of the one Redis server of a pub/sub channel layer, and the layer's prefix;
-    (None, "") for another layer, or one sharded over several servers (each group on its own)."""
-    if not isinstance(layer, RedisPubSubChannelLayer):
+    (None, "") for another layer, one sharded over several servers (each group on its own), or
+    while resting after a failure. (One server, not a Redis Cluster, which channels-redis does
+    not serve either: a node's PUBSUB NUMSUB counts only its own subscribers.)"""
+    if not isinstance(layer, RedisPubSubChannelLayer) or time.monotonic() < _resting_until:
         return None, ""
     layers: dict[str, dict[str, Any]] = settings.CHANNEL_LAYERS
     config: dict[str, Any] = layers["default"].get("CONFIG") or {}
@@ -193,7 +211,9 @@ def _pubsub_server(layer: Any) -> tuple[Any, str]:
     url = hosts[0]
     with _clients_lock:
         if url not in _clients:
-            _clients[url] = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+            _clients[url] = redis.Redis.from_url(
+                url, socket_timeout=SYNC_TIMEOUT_SECONDS, socket_connect_timeout=SYNC_TIMEOUT_SECONDS
+            )
     return _clients[url], config.get("prefix", "asgi")
 
 
@@ -210,10 +230,10 @@ def recheck_sockets_of(user_ids: list[int], *, ended_session: str | None = None)
     def send() -> None:
         if not _anyone_listening():
             return
+        message = {"type": "socket.recheck", "ended_session": ended_session}
+        if _published([user_group(user_id) for user_id in user_ids], message):
+            return
         for user_id in user_ids:
-            message = {"type": "socket.recheck", "ended_session": ended_session}
-            if _published([user_group(user_id)], message):
-                continue
             try:
                 _group_send(user_group(user_id), message)
             except Exception:
@@ -319,8 +339,8 @@ def _published(groups: list[str], message: dict[str, Any]) -> bool:
     """With Redis pub/sub, from a thread (a step's, a request's, the renderer's): published to
     every group at once, in one round trip of this thread's own. Through an event loop, each
     group's push took three times the CPU (a hop to the loop, a task, an asynchronous client's
-    command) on the same server. False where that does not apply (in memory, on an event loop):
-    the caller sends it through the layer."""
+    command) on the same server. False where that does not apply (in memory, on an event loop)
+    or it failed: the caller sends it through the layer."""
     layer = get_channel_layer()
     client, prefix = _pubsub_server(layer)
     if client is None or _on_event_loop():
@@ -332,7 +352,8 @@ def _published(groups: list[str], message: dict[str, Any]) -> bool:
                 pipe.publish(f"{prefix}__group__{group}", data)
             pipe.execute()
     except Exception:
-        logger.warning("push to %s failed; clients catch up on reconnect", groups, exc_info=True)
+        _rest()
+        return False
     return True
 
 

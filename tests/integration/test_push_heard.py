@@ -20,13 +20,22 @@ from tests.integration.services import Redis
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture
-def pubsub_layer(redis_server: Redis, settings: Any) -> Iterator[Any]:
+@pytest.fixture(autouse=True)
+def not_resting() -> Iterator[None]:
+    """Each test starts with the threads' Redis client in use (a failure rests it)."""
+    live._resting_until = 0.0
+    yield
+    live._resting_until = 0.0
+
+
+@pytest.fixture(params=["asgi", "tenant-a"])
+def pubsub_layer(redis_server: Redis, settings: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The scaled setup's layer; also with a prefix of its own (several sites on one Redis)."""
+    config: dict[str, Any] = {"hosts": [redis_server.url]}
+    if request.param != "asgi":
+        config["prefix"] = request.param
     settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-            "CONFIG": {"hosts": [redis_server.url]},
-        }
+        "default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer", "CONFIG": config}
     }
     yield get_channel_layer()
 
@@ -51,9 +60,8 @@ async def test_a_change_reaches_the_groups_listened_to_and_one_no_one_hears_is_n
     channel = await pubsub_layer.new_channel()
     await pubsub_layer.group_add(live.team_group(team.pk), channel)
     try:
-        assert live.heard([live.team_group(team.pk), live.team_group(other_team.pk), live.run_group(1)]) == {
-            live.team_group(team.pk)
-        }
+        groups = [live.team_group(team.pk), live.team_group(other_team.pk), live.run_group(1)]
+        assert await asyncio.to_thread(live.heard, groups) == {live.team_group(team.pk)}
 
         unheard = await start_invoice(other_team)
         heard = await start_invoice(team)
@@ -105,5 +113,31 @@ async def test_a_page_watching_a_run_hears_its_status_and_a_member_is_told_to_re
         ] != "socket.recheck":
             pass
         assert message == {"type": "socket.recheck", "ended_session": None}
+    finally:
+        await pubsub_layer.flush()
+
+
+async def test_a_publish_that_fails_goes_through_the_layer_and_the_threads_rest(
+    pubsub_layer: Any, team: Team, reviewer: Any, monkeypatch: Any
+) -> None:
+    """A removed member's sockets must re-check at once: when the thread's own publish fails,
+    the layer sends it; and for a while no thread waits on Redis again."""
+    channel = await pubsub_layer.new_channel()
+    await pubsub_layer.group_add(live.user_group(reviewer.pk), channel)
+    client, _ = live._pubsub_server(pubsub_layer)
+    tried: list[int] = []
+
+    def broken(**kwargs: Any) -> Any:
+        tried.append(1)
+        raise ConnectionError("Redis went away")
+
+    monkeypatch.setattr(client, "pipeline", broken)
+    try:
+        await database_sync_to_async(lambda: team.members.remove(reviewer))()
+        message = await asyncio.wait_for(pubsub_layer.receive(channel), 10)
+        assert message == {"type": "socket.recheck", "ended_session": None}
+        assert tried == [1]
+        assert live._pubsub_server(pubsub_layer) == (None, "")  # resting: the layer sends
+        assert await asyncio.to_thread(live.heard, ["team-1"]) == {"team-1"}
     finally:
         await pubsub_layer.flush()
