@@ -161,7 +161,8 @@ def test_a_dispatch_reads_the_teams_webhooks_and_routing_once_for_all_its_events
     client: Client, token_key: str, team: Team, reviewer: User, receiver: Receiver
 ) -> None:
     """A run's pause, decision and end, fanned out together: each is told, and the team's
-    webhooks and routing are read once, not once per event."""
+    webhooks and routing are read once, not once per event; each event's interrupt or run is
+    read with its run and team in one statement."""
     secret = registered(client, token_key, receiver.url)["secret"]
     run = a_run(team, reviewer, "D-1")
     (interrupt,) = engine.pending_interrupts(run.pk)
@@ -171,6 +172,10 @@ def test_a_dispatch_reads_the_teams_webhooks_and_routing_once_for_all_its_events
     reads = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT")]
     assert sum('FROM "actions_webhook"' in sql for sql in reads) == 1
     assert sum('FROM "actions_teamchannels"' in sql for sql in reads) == 1
+    assert sum('JOIN "actions_team" t' in sql for sql in reads) == 3
+    assert not any(
+        sql.startswith(('SELECT * FROM "actions_team"', 'SELECT * FROM "actions_run"')) for sql in reads
+    )
     bodies = receiver.verified(secret)
     assert [body["type"] for body in bodies] == ["interrupt.created", "interrupt.decided", "run.finished"]
 

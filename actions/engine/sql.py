@@ -99,13 +99,44 @@ def fetch(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
         columns = tuple(column[0] for column in cursor.description)
     if not rows:
         return []
+    return _instances(connection, model, rows, columns, 0)
+
+
+def fetch_together(models_: Sequence[type[models.Model]], sql: str, params: Sequence[Any]) -> list[list[Any]]:
+    """For each row of a SELECT that names every column of each of ``models_`` in turn
+    (``columns_of``: a row joined with the rows it names), one instance of each."""
+    connection = default_db()
+    with open_cursor(connection) as cursor:
+        cursor.execute(sql, adapted(connection, params))
+        rows = cursor.fetchall()
+        columns = tuple(column[0] for column in cursor.description)
+    together: list[list[Any]] = [[] for _ in rows]
+    offset = 0
+    for model in models_:
+        width = len(model._meta.concrete_fields)
+        instances = _instances(connection, model, rows, columns[offset : offset + width], offset)
+        for row, instance in zip(together, instances, strict=True):
+            row.append(instance)
+        offset += width
+    return together
+
+
+def columns_of(model: type[models.Model], alias: str) -> str:
+    """Every column of the model's, of the table named ``alias`` in the statement, in the
+    model's order (``fetch_together`` reads them so)."""
+    return ", ".join(f"{alias}.{_quoted_column(field)}" for field in model._meta.concrete_fields)
+
+
+def _instances(
+    connection: BaseDatabaseWrapper, model: type[M], rows: list[Any], columns: tuple[str, ...], offset: int
+) -> list[M]:
     # from_db takes the values in the model's field order, whatever order the SQL named them in.
     attnames, converters = _reading(connection, model, columns)
     instances = []
     for row in rows:
         values = []
         for position, col, convert in converters:
-            value = row[position]
+            value = row[offset + position]
             for converter in convert:
                 value = converter(value, col, connection)
             values.append(value)

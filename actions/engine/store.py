@@ -34,7 +34,18 @@ from django.db.models import BooleanField, F, Func, ManyToManyField, OneToOneFie
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from actions.engine.sql import Json, M, adapted, default_db, execute, fetch, open_cursor, sql
+from actions.engine.sql import (
+    Json,
+    M,
+    adapted,
+    columns_of,
+    default_db,
+    execute,
+    fetch,
+    fetch_together,
+    open_cursor,
+    sql,
+)
 from actions.models import (
     GENESIS,
     ApiToken,
@@ -659,16 +670,46 @@ def read_team(team_id: int) -> Team:
 
 
 def read_interrupt(interrupt_id: int) -> Interrupt | None:
-    """The interrupt, with its team and its run (what a notification tells of it); None when
-    it is gone."""
-    it = _by_id(Interrupt, interrupt_id)
-    if it is None:
+    """The interrupt, with its team and its run (what a notification tells of it, and an
+    inbox row shows), in one statement; None when it is gone."""
+    statement = _interrupt_with_run_and_team(default_db().vendor)
+    found = fetch_together((Interrupt, Run, Team), statement, [interrupt_id])
+    if not found:
         return None
-    run = read_run(it.run_id)
-    if run is None:
-        return None  # deleted with its run meanwhile
-    it.run, it.team = run, read_team(it.team_id)
+    it: Interrupt
+    it, run, team = found[0]
+    it.run, it.team = run, team
     return it
+
+
+@cache
+def _interrupt_with_run_and_team(vendor: str) -> str:
+    return sql(
+        f"SELECT {columns_of(Interrupt, 'i')}, {columns_of(Run, 'r')}, {columns_of(Team, 't')} "
+        "FROM {Interrupt} i JOIN {Run} r ON r.{Run.id} = i.{Interrupt.run} "
+        "JOIN {Team} t ON t.{Team.id} = i.{Interrupt.team} WHERE i.{Interrupt.id} = %s"
+    )
+
+
+def read_run_of_team(run_id: int) -> Run | None:
+    """The run, with its team, in one statement; None when there is none."""
+    if not 0 < run_id <= _MAX_ID:
+        return None
+    found = fetch_together((Run, Team), _run_with_team(default_db().vendor), [run_id])
+    if not found:
+        return None
+    run: Run
+    run, team = found[0]
+    run.team = team
+    return run
+
+
+@cache
+def _run_with_team(vendor: str) -> str:
+    return sql(
+        f"SELECT {columns_of(Run, 'r')}, {columns_of(Team, 't')} "
+        "FROM {Run} r JOIN {Team} t ON t.{Team.id} = r.{Run.team} WHERE r.{Run.id} = %s"
+    )
 
 
 def people(

@@ -133,10 +133,9 @@ def fan_out(event: RunEvent, subscribers: Subscribers | None = None) -> list[Not
         if kind == "interrupt.commented":
             data["comment"] = {"by": event.actor_name, "body": event.detail.get("body", "")}
     else:
-        run = engine.read_run(event.run_id)
+        run = engine.read_run_of_team(event.run_id)
         if run is None:
             raise Run.DoesNotExist(f"run {event.run_id}")
-        run.team = engine.read_team(run.team_id)
         team_ids, data = [run.team_id], run_data(run)
     # As JSON once, as the API would write it (times in ISO 8601), for every recipient.
     body = json.loads(json.dumps({"type": kind, "timestamp": event.at, "data": data}, cls=DjangoJSONEncoder))
