@@ -448,3 +448,33 @@ def test_a_step_that_never_records_fails_its_run_after_the_requeue_limit(
     run.refresh_from_db()
     assert run.status == "failed" and "re-queued 3 times" in run.error
     assert kinds(run).count("requeued") == 3 and kinds(run)[-1] == "failed"
+
+
+def test_an_interrupt_read_with_its_run_and_team_in_one_statement_is_what_the_orm_reads(
+    team: Team, other_team: Team, reviewer: User
+) -> None:
+    """store.read_interrupt and read_run_of_team split one joined row into three (two) rows: each
+    field of each is the ORM's, and ids that differ between the tables are not mixed up."""
+    for n in range(3):  # the run's, the interrupt's and the team's ids apart
+        engine.start_run("send_invoice", {"invoice_id": f"O-{n}", "amount": 1}, other_team, None)
+        Run.objects.create(action="send_invoice", input={}, team=other_team)
+    run = engine.start_run("send_invoice", {"invoice_id": "J-1", "amount": 7}, team, reviewer)
+    (pending,) = engine.pending_interrupts(run.pk)
+    assert len({pending.pk, run.pk, team.pk}) == 3
+
+    with CaptureQueriesContext(connection) as queries:
+        it = store.read_interrupt(pending.pk)
+        read_run = store.read_run_of_team(run.pk)
+    assert len(queries.captured_queries) == 2
+    assert it is not None and read_run is not None
+    orm = Interrupt.objects.select_related("run", "team").get(pk=pending.pk)
+    for got, expected in (
+        (it, orm),
+        (it.run, orm.run),
+        (it.team, orm.team),
+        (read_run, orm.run),
+        (read_run.team, orm.team),
+    ):
+        for field in type(expected)._meta.concrete_fields:
+            assert getattr(got, field.attname) == getattr(expected, field.attname), (type(got), field.name)
+    assert store.read_interrupt(10**9) is None and store.read_run_of_team(10**9) is None

@@ -113,12 +113,20 @@ def fetch_together(models_: Sequence[type[models.Model]], sql: str, params: Sequ
     together: list[list[Any]] = [[] for _ in rows]
     offset = 0
     for model in models_:
-        width = len(model._meta.concrete_fields)
+        named = _column_names(model)
+        width = len(named)
+        if columns[offset : offset + width] != named:
+            raise ValueError(f"the statement does not name {model.__name__}'s columns in turn: {sql}")
         instances = _instances(connection, model, rows, columns[offset : offset + width], offset)
         for row, instance in zip(together, instances, strict=True):
             row.append(instance)
         offset += width
     return together
+
+
+@cache
+def _column_names(model: type[models.Model]) -> tuple[str, ...]:
+    return tuple(str(field.column) for field in model._meta.concrete_fields)
 
 
 def columns_of(model: type[models.Model], alias: str) -> str:

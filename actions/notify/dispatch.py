@@ -14,7 +14,14 @@ from typing import Any
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import IntegrityError, InterfaceError, OperationalError, close_old_connections, transaction
+from django.db import (
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    ProgrammingError,
+    close_old_connections,
+    transaction,
+)
 from django.utils import timezone
 
 from actions import background, engine
@@ -283,8 +290,10 @@ def _tell(event: RunEvent, subscribers: Subscribers) -> list[Notification] | Non
         return None
     try:
         notifications = fan_out(event, subscribers)
-    except (OperationalError, InterfaceError):
-        raise  # the database went away: this round stops, and the next one tells it
+    except (OperationalError, InterfaceError, ProgrammingError):
+        # The database went away, or does not have what this code reads (a process older or
+        # newer than the migrations, mid-upgrade): this round stops, and a later one tells it.
+        raise
     except Exception:
         # One event that cannot be told (its interrupt deleted meanwhile, a bug) must not hold
         # up every later one: it is marked told, and the log says why.
