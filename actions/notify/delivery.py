@@ -325,7 +325,10 @@ def finish_background() -> None:
 def run_in_background(work: Callable[[], None]) -> None:
     """Run ``work`` in this process's dispatch thread (nothing under eager tasks, as in the
     unit tests, which dispatch when they mean to)."""
-    if background.runs_where_sent() and not delivers_here():
+    # Asked in this order: whether this process delivers is a dictionary's lookup, whether tasks
+    # run where sent a walk through Celery's configuration (the embedded notifier asks at every
+    # commit it hears of).
+    if not delivers_here() and background.runs_where_sent():
         return
     with contextlib.suppress(RuntimeError):  # stopping: the next periodic round dispatches
         _background.submit(work)
