@@ -34,7 +34,7 @@ def told_runs(receiver: Receiver, secret: str) -> list[int]:
     return [body["data"]["run_id"] for body in receiver.verified(secret)]
 
 
-def a_run(team: Team, by: User, invoice: str) -> Run:
+def a_run(team: Team, by: User | None, invoice: str) -> Run:
     return engine.start_run("send_invoice", {"invoice_id": invoice, "amount": 5.0}, team, by)
 
 
@@ -321,3 +321,27 @@ def test_an_event_read_against_a_schema_this_code_does_not_match_is_left_for_a_l
     monkeypatch.undo()
     assert notify.dispatch([run.pk]) >= 0
     assert Fanout.objects.filter(event__run=run).exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("steps", "database")
+def test_an_events_notifications_are_inserted_as_rows_not_as_arrays(team: Team, reviewer: User) -> None:
+    """An event's notifications are one INSERT of rows (VALUES): as arrays (Django's UNNEST on
+    PostgreSQL) their JSON payloads were quoted into array literals, twice the CPU."""
+    second = User.objects.create_user("reviewer2", password="pw-reviewer2", email="r2@example.com")
+    team.members.add(second, through_defaults={"role": "approver"})
+    User.objects.filter(pk=reviewer.pk).update(email="r1@example.com")
+    run = a_run(team, None, "D-R")
+    with CaptureQueriesContext(connection) as queries:
+        notify.dispatch([run.pk])
+    inserts = [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].startswith('INSERT INTO "actions_notification"')
+    ]
+    assert len(inserts) == 1 and "UNNEST" not in inserts[0]
+    made = Notification.objects.filter(event__run=run).order_by("recipient_id")
+    assert [n.recipient_id for n in made] == sorted([reviewer.pk, second.pk])
+    assert all(
+        n.payload["type"] == "interrupt.created" and n.payload["data"]["run_id"] == run.pk for n in made
+    )

@@ -20,6 +20,14 @@ class JSONField(models.JSONField):
         except RecursionError:
             return TOO_DEEP
 
+    def get_placeholder(self, value: Any, compiler: Any, connection: Any) -> str:
+        """The default placeholder, said out loud: a field that has one keeps Django's bulk
+        inserts on PostgreSQL as rows of VALUES. Without it each column goes as one array
+        (UNNEST), and psycopg quotes every JSON value into the array's literal character by
+        character: an event's two notifications cost 0.76 ms of CPU to insert that way, 0.43
+        as two rows (bench/RESULTS.md)."""
+        return "%s"
+
 
 def where_set(field: str, name: str) -> models.Index:
     """An index of the rows whose nullable ``field`` is set. Engine writes leave most of these
