@@ -146,11 +146,6 @@ def notify_inboxes(changes: list[InboxChange]) -> None:
     metrics.PUSH_FANOUT.observe(time.perf_counter() - began)
 
 
-# A page joins its groups before it is told "hello", and fetches what it shows only then (and a
-# run page its run on "watching", after joining the run's group): a change committed before a
-# page joined is in what that page fetches. So a push may ask, after its commit, whether anyone
-# listens, and skip what no one hears: a page that joins after the question fetches the change.
-# (Asked anew for each push: an answer kept for later would miss a page that joined meanwhile.)
 # The Redis clients that ask and publish from threads, by server. Short timeouts: a push is a
 # hint, and the thread that sends it (a step's, a request's) has other work. After a failure the
 # threads leave Redis alone for a while (``_rest``): pushes go through the layer's event loop,
@@ -173,6 +168,11 @@ def _rest() -> None:
     _resting_until = time.monotonic() + REST_SECONDS
 
 
+# A page joins its groups before it is told "hello", and fetches what it shows only then (and a
+# run page its run on "watching", after joining the run's group): a change committed before a
+# page joined is in what that page fetches. So a push may ask, after its commit, whether anyone
+# listens, and skip what no one hears: a page that joins after the question fetches the change.
+# (Asked anew for each push: an answer kept for later would miss a page that joined meanwhile.)
 def heard(groups: list[str]) -> set[str]:
     """Those of ``groups`` that a page somewhere listens to, as far as the channel layer can
     tell: with Redis pub/sub (one server), one PUBSUB NUMSUB; in memory, this process's groups.
