@@ -187,13 +187,17 @@ def heard(groups: list[str]) -> set[str]:
     if client is None or not groups:
         return set(groups)
     try:
-        # A group's Redis channel, named as channels-redis names it (RedisPubSubLoopLayer's
-        # _get_group_channel_name; tests/integration/test_push_heard.py holds them together).
-        counts = client.pubsub_numsub(*(f"{prefix}__group__{group}" for group in groups))
+        counts = client.pubsub_numsub(*(_channel(prefix, group) for group in groups))
     except Exception:
         _rest()
         return set(groups)
     return {group for group, (_, count) in zip(groups, counts, strict=True) if count}
+
+
+def _channel(prefix: str, group: str) -> str:
+    """A group's Redis channel, named as channels-redis names it (RedisPubSubLoopLayer's
+    _get_group_channel_name; tests/integration/test_push_heard.py holds them together)."""
+    return f"{prefix}__group__{group}"
 
 
 def _pubsub_server(layer: Any) -> tuple[Any, str]:
@@ -349,7 +353,7 @@ def _published(groups: list[str], message: dict[str, Any]) -> bool:
     try:
         with client.pipeline(transaction=False) as pipe:
             for group in groups:
-                pipe.publish(f"{prefix}__group__{group}", data)
+                pipe.publish(_channel(prefix, group), data)
             pipe.execute()
     except Exception:
         _rest()
