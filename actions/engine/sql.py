@@ -114,13 +114,11 @@ def fetch_together(models_: Sequence[type[models.Model]], sql: str, params: Sequ
     offset = 0
     for model in models_:
         named = _column_names(model)
-        width = len(named)
-        if columns[offset : offset + width] != named:
+        if columns[offset : offset + len(named)] != named:
             raise ValueError(f"the statement does not name {model.__name__}'s columns in turn: {sql}")
-        instances = _instances(connection, model, rows, columns[offset : offset + width], offset)
-        for row, instance in zip(together, instances, strict=True):
+        for row, instance in zip(together, _instances(connection, model, rows, named, offset), strict=True):
             row.append(instance)
-        offset += width
+        offset += len(named)
     return together
 
 
