@@ -285,6 +285,60 @@ def test_search_finds_what_was_asked_answered_and_said(team: Team, reviewer: Use
     }
 
 
+@pytest.mark.usefixtures("database")
+def test_a_decision_writes_the_search_document_again_only_when_its_words_change(
+    team: Team, reviewer: User, auditor: User
+) -> None:
+    """The trigger that keeps an interrupt's document skips a decision that adds no word (an
+    answer of true or false, no reason): seen here by a word planted in the stored document,
+    which a rewrite would drop."""
+    client = staff(auditor)
+
+    def found(text: str) -> set[int]:
+        return {it.pk for it in client.get("/history/", {"q": text}).context["rows"]}
+
+    def plant(interrupt: Interrupt) -> None:
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute(
+                    "UPDATE actions_interrupt_search SET document = to_tsvector('simple', %s)"
+                    " WHERE interrupt_id = %s",
+                    ["Planted", interrupt.pk],
+                )
+            else:
+                cursor.execute(
+                    "UPDATE actions_interrupt_search SET document = %s WHERE rowid = %s",
+                    ["Planted", interrupt.pk],
+                )
+
+    def asked(invoice: str) -> Interrupt:
+        run = engine.start_run("send_invoice", {"invoice_id": invoice, "amount": 7}, team, reviewer)
+        (interrupt,) = engine.pending_interrupts(run.pk)
+        plant(interrupt)
+        return interrupt
+
+    untouched = asked("INV-A")
+    engine.resume(untouched, {"approved": True, "final": False, "note": None}, reviewer)
+    assert found("Planted") == {untouched.pk}, "true, false and null are no words: nothing to write"
+    assert found("INV-A") == set()
+
+    with_reason = asked("INV-B")
+    engine.reject(with_reason, "a duplicate", reviewer)
+    with_words = asked("INV-C")
+    engine.resume(with_words, {"approved": True, "comment": "paid by Quentin"}, reviewer)
+    with_number = asked("INV-D")
+    engine.resume(with_number, {"approved": True, "amount": 4711}, reviewer)
+    assert found("Planted") == {untouched.pk}, "each of the others was written again"
+    assert found("duplicate INV-B") == {with_reason.pk}
+    assert found("Quentin INV-C") == {with_words.pk}
+    assert found("4711 INV-D") == {with_number.pk}
+
+    # Its data changed (an edit by hand, or a migration's): written again too.
+    plant(untouched)
+    Interrupt.objects.filter(pk=untouched.pk).update(data={"invoice_id": "INV-A2"})
+    assert found("INV-A2") == {untouched.pk} and found("Planted") == set()
+
+
 @pytest.mark.usefixtures("database", "steps")
 def test_a_comment_is_searchable(team: Team, reviewer: User, auditor: User) -> None:
     run = engine.start_run("send_invoice", {"invoice_id": "C-1", "amount": 1}, team, reviewer)

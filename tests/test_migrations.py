@@ -83,3 +83,47 @@ def test_the_members_from_before_roles_become_approvers() -> None:
     finally:
         executor.loader.build_graph()
         executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+def test_search_documents_are_written_again_without_true_false_and_null() -> None:
+    """0027: SQLite's documents leave out what PostgreSQL's always did, and the index on a run's
+    events alone goes (runevent_run_seq serves it) with the audit chain's trigger kept."""
+    executor = MigrationExecutor(connection)
+    before, after = [("actions", "0026_gateway_receipts")], [("actions", "0027_lighter_writes")]
+    executor.migrate(before)
+    old = executor.loader.project_state(before).apps
+    team = old.get_model("actions", "Team").objects.create(name="Finance", slug="finance")
+    run = old.get_model("actions", "Run").objects.create(
+        action="send_invoice", team=team, input={"invoice_id": "INV-9"}
+    )
+    interrupt = old.get_model("actions", "Interrupt").objects.create(
+        run=run, seq=1, team=team, action="send_invoice", message="Approve?", data={"amount": 12},
+        answer={"approved": True, "rush": False, "note": None, "by": "Ada"}, status="approved",
+    )  # fmt: skip
+
+    def words() -> list[str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT document FROM actions_interrupt_search WHERE rowid = %s", [interrupt.pk])
+            return sorted(cursor.fetchone()[0].split())
+
+    def schema(kind: str) -> set[str]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT name FROM sqlite_master WHERE type = %s AND tbl_name = 'actions_runevent'", [kind]
+            )
+            return {name for (name,) in cursor.fetchall()}
+
+    assert words() == ["0", "1", "12", "Ada", "Approve?", "INV-9"]
+    assert "actions_runevent_run_id_2fa08eb6" in schema("index")
+    try:
+        executor.loader.build_graph()
+        executor.migrate(after)
+        assert words() == ["12", "Ada", "Approve?", "INV-9"]
+        assert "actions_runevent_run_id_2fa08eb6" not in schema("index")
+        assert {"runevent_run_seq"} <= schema("index") and schema("trigger") == {"actions_auditchain_move"}
+        with connection.cursor() as cursor:
+            cursor.execute("EXPLAIN QUERY PLAN SELECT id FROM actions_runevent WHERE run_id = %s", [run.pk])
+            assert "runevent_run_seq" in " ".join(str(row[-1]) for row in cursor.fetchall())
+    finally:
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes())

@@ -289,3 +289,15 @@ def test_a_teams_webhooks_in_force_and_its_channels_are_read_as_the_engine_reads
     TeamChannels.objects.create(team=team, slack_channel="C0123")
     channels = team_channels(team.pk)
     assert channels is not None and channels.slack_channel == "C0123" and channels.email_events
+
+
+def test_a_runs_events_have_one_index_by_run() -> None:
+    """runevent_run_seq (run, seq) serves every lookup by run; an event is not also written into
+    an index of the run alone (0027)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, RunEvent._meta.db_table)
+    by_run = {name for name, c in constraints.items() if c["index"] and c["columns"][:1] == ["run_id"]}
+    assert by_run == {"runevent_run_seq"}
+    assert constraints["runevent_run_seq"]["columns"] == ["run_id", "seq"]

@@ -46,7 +46,8 @@ class RunEvent(models.Model):
         # Its assignees changed: a delegate took over while someone is away.
         ASSIGNED = "assigned"
 
-    run = models.ForeignKey(Run, models.CASCADE, related_name="events")
+    # Not indexed alone: runevent_run_seq (run, seq) serves every lookup by run.
+    run = models.ForeignKey(Run, models.CASCADE, related_name="events", db_index=False)
     interrupt = models.ForeignKey(
         Interrupt, models.CASCADE, null=True, blank=True, related_name="events", db_index=False
     )
