@@ -22,7 +22,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from actions import engine
+from actions.engine.rules import PLAIN_APPROVAL
 from actions.models import Interrupt, Run, RunEvent, Team
+from tests.search import plant
 
 pytestmark = pytest.mark.django_db
 
@@ -297,29 +299,21 @@ def test_a_decision_writes_the_search_document_again_only_when_its_words_change(
     def found(text: str) -> set[int]:
         return {it.pk for it in client.get("/history/", {"q": text}).context["rows"]}
 
-    def plant(interrupt: Interrupt) -> None:
-        with connection.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                cursor.execute(
-                    "UPDATE actions_interrupt_search SET document = to_tsvector('simple', %s)"
-                    " WHERE interrupt_id = %s",
-                    ["Planted", interrupt.pk],
-                )
-            else:
-                cursor.execute(
-                    "UPDATE actions_interrupt_search SET document = %s WHERE rowid = %s",
-                    ["Planted", interrupt.pk],
-                )
-
     def asked(invoice: str) -> Interrupt:
         run = engine.start_run("send_invoice", {"invoice_id": invoice, "amount": 7}, team, reviewer)
         (interrupt,) = engine.pending_interrupts(run.pk)
-        plant(interrupt)
+        plant(interrupt.pk)
         return interrupt
 
     untouched = asked("INV-A")
     engine.resume(untouched, {"approved": True, "final": False, "note": None}, reviewer)
-    assert found("Planted") == {untouched.pk}, "true, false and null are no words: nothing to write"
+    plain = asked("INV-P")
+    engine.resume(plain, PLAIN_APPROVAL, reviewer)  # the dashboard's, mail's, Slack's approval
+    nothing = asked("INV-N")
+    engine.resume(nothing, None, reviewer)
+    assert found("Planted") == {untouched.pk, plain.pk, nothing.pk}, (
+        "true, false, null and an empty comment are no words: nothing to write"
+    )
     assert found("INV-A") == set()
 
     with_reason = asked("INV-B")
@@ -328,15 +322,32 @@ def test_a_decision_writes_the_search_document_again_only_when_its_words_change(
     engine.resume(with_words, {"approved": True, "comment": "paid by Quentin"}, reviewer)
     with_number = asked("INV-D")
     engine.resume(with_number, {"approved": True, "amount": 4711}, reviewer)
-    assert found("Planted") == {untouched.pk}, "each of the others was written again"
+    assert found("Planted") == {untouched.pk, plain.pk, nothing.pk}, "each of the others was written again"
     assert found("duplicate INV-B") == {with_reason.pk}
     assert found("Quentin INV-C") == {with_words.pk}
     assert found("4711 INV-D") == {with_number.pk}
 
     # Its data changed (an edit by hand, or a migration's): written again too.
-    plant(untouched)
+    plant(untouched.pk)
     Interrupt.objects.filter(pk=untouched.pk).update(data={"invoice_id": "INV-A2"})
-    assert found("INV-A2") == {untouched.pk} and found("Planted") == set()
+    assert found("INV-A2") == {untouched.pk} and found("Planted") == {plain.pk, nothing.pk}
+
+
+@pytest.mark.usefixtures("database")
+def test_an_answer_of_more_words_than_a_document_holds_is_decided(
+    team: Team, reviewer: User, auditor: User, settings: Any
+) -> None:
+    """With the payload limit raised past PostgreSQL's tsvector limit (1 MB), the decision is
+    stored and its document made of what fits, as before the trigger compared answers."""
+    settings.GRUNDLAG_MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
+    run = engine.start_run("send_invoice", {"invoice_id": "INV-BIG", "amount": 1}, team, reviewer)
+    (interrupt,) = engine.pending_interrupts(run.pk)
+    words = " ".join(f"w{n:07d}" for n in range(160_000))  # 1.4 MB of distinct words
+    engine.resume(interrupt, {"approved": True, "comment": f"Zanzibar {words}"}, reviewer)
+    interrupt.refresh_from_db()
+    assert interrupt.status == "approved"
+    rows = staff(auditor).get("/history/", {"q": "Zanzibar INV-BIG"}).context["rows"]
+    assert [row.pk for row in rows] == [interrupt.pk]
 
 
 @pytest.mark.usefixtures("database", "steps")

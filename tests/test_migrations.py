@@ -127,3 +127,36 @@ def test_search_documents_are_written_again_without_true_false_and_null() -> Non
     finally:
         executor.loader.build_graph()
         executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+@pytest.mark.usefixtures("database")
+def test_0027_goes_back_and_forth_on_both_databases(team: Any, reviewer: Any) -> None:
+    """Back at 0026 the search trigger fires on a change of status alone and the run's index is
+    there; at 0027 neither. Then forth again, as an upgrade does."""
+    from actions import engine
+    from actions.models import Interrupt
+    from tests.search import plant, planted
+
+    executor = MigrationExecutor(connection)
+
+    def status_changed_alone() -> bool:
+        run = engine.start_run("send_invoice", {"invoice_id": "INV-1", "amount": 1}, team, reviewer)
+        (interrupt,) = engine.pending_interrupts(run.pk)
+        plant(interrupt.pk)
+        Interrupt.objects.filter(pk=interrupt.pk).update(status="cancelled")
+        return interrupt.pk not in planted()
+
+    def indexed_by_run() -> bool:
+        with connection.cursor() as cursor:
+            return "actions_runevent_run_id_2fa08eb6" in connection.introspection.get_constraints(
+                cursor, "actions_runevent"
+            )
+
+    assert not status_changed_alone() and not indexed_by_run()
+    try:
+        executor.migrate([("actions", "0026_gateway_receipts")])
+        assert status_changed_alone() and indexed_by_run()
+    finally:
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes())
+    assert not status_changed_alone() and not indexed_by_run()

@@ -4,14 +4,14 @@
   rebuilt it on every decision, though an answer of only true or false with no reason (most
   approvals) adds no word: SQLite deleted the row from its full-text index and inserted it again,
   PostgreSQL computed the same tsvector. Now the update trigger fires when the message, the
-  reason or the data changed, or the answer's words did. SQLite's document leaves out true,
-  false and null, as PostgreSQL's always did (``jsonb_to_tsvector`` over strings and numbers),
-  and is rebuilt once here so that every row is written the same way. The status, which is no
-  part of the document, no longer fires it.
+  reason or the data changed, or the answer's words did (an empty comment is none). SQLite's
+  document leaves out true and false (it held them as 1 and 0), as PostgreSQL's always did
+  (``jsonb_to_tsvector`` over strings and numbers), and is rebuilt once here so that every row
+  is written the same way. The status, which is no part of the document, no longer fires it.
 - **RunEvent's index on ``run_id`` alone is dropped.** ``runevent_run_seq`` (run_id, seq)
   serves every lookup by run (a run's events, the cascade as a run is deleted); each event was
-  written into both. Dropped by name: on SQLite Django's AlterField would remake the table,
-  and with it drop the audit chain's trigger on it."""
+  written into both. Dropped by name (if a site has not dropped it already): on SQLite Django's
+  AlterField would remake the table, and with it drop the audit chain's trigger on it."""
 
 from django.db import migrations, models
 
@@ -50,7 +50,8 @@ def _sqlite_triggers(document: str, update_when: str, update_of: str) -> list[st
 
 
 def _answer_words(row: str) -> str:
-    return f"(SELECT group_concat(value, ' ') FROM json_tree({row}.answer) WHERE {WORDS})"
+    # As the document joins them in: no words and an empty string alike.
+    return f"COALESCE((SELECT group_concat(value, ' ') FROM json_tree({row}.answer) WHERE {WORDS}), '')"
 
 
 SQLITE = _sqlite_triggers(
@@ -65,19 +66,28 @@ SQLITE_BACK = _sqlite_triggers(
 )
 
 
-def _tsvector(row: str) -> str:
-    return f"""jsonb_to_tsvector('simple', COALESCE({row}.answer, '{{}}'::jsonb), '["string", "numeric"]')"""
-
-
 POSTGRESQL = [
+    # Whether two answers' words differ, as grundlag_index_interrupt reads them. An answer over
+    # tsvector's limit (1 MB of words: a payload limit raised that far) is said to differ, and
+    # the index function makes its document of what fits, as it always did, instead of the
+    # decision failing here.
+    """CREATE FUNCTION grundlag_answer_words_differ(before jsonb, after jsonb) RETURNS boolean
+    LANGUAGE plpgsql STABLE AS $$
+    BEGIN
+        RETURN jsonb_to_tsvector('simple', COALESCE(before, '{}'::jsonb), '["string", "numeric"]')
+            IS DISTINCT FROM jsonb_to_tsvector('simple', COALESCE(after, '{}'::jsonb), '["string", "numeric"]');
+    EXCEPTION WHEN program_limit_exceeded THEN
+        RETURN true;
+    END
+    $$""",
     "DROP TRIGGER actions_interrupt_search ON actions_interrupt",
     """CREATE TRIGGER actions_interrupt_search AFTER INSERT
         ON actions_interrupt FOR EACH ROW EXECUTE FUNCTION grundlag_index_interrupt_row()""",
-    f"""CREATE TRIGGER actions_interrupt_search_update AFTER UPDATE OF message, data, answer, reason
+    """CREATE TRIGGER actions_interrupt_search_update AFTER UPDATE OF message, data, answer, reason
         ON actions_interrupt FOR EACH ROW
         WHEN (NEW.message IS DISTINCT FROM OLD.message OR NEW.reason IS DISTINCT FROM OLD.reason
             OR NEW.data IS DISTINCT FROM OLD.data
-            OR (NEW.answer IS DISTINCT FROM OLD.answer AND {_tsvector('NEW')} IS DISTINCT FROM {_tsvector('OLD')}))
+            OR (NEW.answer IS DISTINCT FROM OLD.answer AND grundlag_answer_words_differ(OLD.answer, NEW.answer)))
         EXECUTE FUNCTION grundlag_index_interrupt_row()""",
 ]
 POSTGRESQL_BACK = [
@@ -85,6 +95,7 @@ POSTGRESQL_BACK = [
     "DROP TRIGGER actions_interrupt_search ON actions_interrupt",
     """CREATE TRIGGER actions_interrupt_search AFTER INSERT OR UPDATE OF message, data, answer, reason, status
         ON actions_interrupt FOR EACH ROW EXECUTE FUNCTION grundlag_index_interrupt_row()""",
+    "DROP FUNCTION grundlag_answer_words_differ(jsonb, jsonb)",
 ]
 
 # The name Django gave the foreign key's index (the same on both databases).
@@ -100,7 +111,6 @@ def _run(statements):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("actions", "0026_gateway_receipts"),
     ]
@@ -125,7 +135,8 @@ class Migration(migrations.Migration):
             ],
             database_operations=[
                 migrations.RunSQL(
-                    f'DROP INDEX "{RUN_INDEX}"', f'CREATE INDEX "{RUN_INDEX}" ON "actions_runevent" ("run_id")'
+                    f'DROP INDEX IF EXISTS "{RUN_INDEX}"',
+                    f'CREATE INDEX IF NOT EXISTS "{RUN_INDEX}" ON "actions_runevent" ("run_id")',
                 ),
             ],
         ),
