@@ -15,7 +15,7 @@
 
 from django.db import migrations, models
 
-# As in 0015, with true, false and null left out of the document.
+# As in 0015, with true and false left out of the document (null never was in it).
 WORDS = "type IN ('text', 'integer', 'real')"
 SQLITE_DOCUMENT = f"""
     SELECT i.id, i.message || ' ' || i.reason
