@@ -133,7 +133,7 @@ def test_rotation_keeps_old_receipts_good_until_they_expire_and_revoking_ends_th
     with pytest.raises(InvalidReceipt, match="not signed"):
         verify_receipt(old, jwks(client), arguments, team="finance")
     # Revoked: at once.
-    call_command("receipt_keys", "revoke", newest)
+    call_command("receipt_keys", "revoke", "--", newest)  # a kid may start with "-"
     assert newest not in kids(client)
     with pytest.raises(InvalidReceipt, match="not signed"):
         verify_receipt(new, jwks(client), arguments, team="finance")
@@ -149,6 +149,16 @@ def client_receipts_header(receipt: str) -> str:
 
     head = receipt.split(".")[0]
     return base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)).decode()
+
+
+def test_a_key_whose_id_starts_with_a_dash_is_revoked_from_the_command_line(capsys: Any) -> None:
+    """A kid is a base64url thumbprint: one in 64 starts with "-", which argparse takes for an
+    option unless it follows "--", as the command's help says."""
+    key = receipts.signing_key()
+    ReceiptKey.objects.filter(kid=key.kid).update(kid="-" + key.kid[1:])
+    call_command("receipt_keys", "revoke", "--", "-" + key.kid[1:])
+    assert ReceiptKey.objects.get(kid="-" + key.kid[1:]).revoked_at is not None
+    assert "revoked" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,10 @@ class Command(BaseCommand):
         verbs.add_parser("list")
         verbs.add_parser("rotate")
         revoke = verbs.add_parser("revoke")
-        revoke.add_argument("kid", help="the key's id, as list shows it")
+        revoke.add_argument(
+            "kid",
+            help="the key's id, as list shows it (one that starts with - goes after --: revoke -- -Xy...)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["verb"] == "rotate":
