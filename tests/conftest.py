@@ -109,6 +109,8 @@ def _start_postgresql(config: pytest.Config) -> None:
         "HOST": "127.0.0.1",
         "PORT": str(server.port),
         "TEST": {"NAME": "test_grundlag"},
+        # As settings.py connects to PostgreSQL: parameters bound by the server, statements prepared.
+        "OPTIONS": dict(django_settings.POSTGRESQL_STATEMENT_OPTIONS),
     }
     connections.settings[POSTGRESQL] = connections.configure_settings(django_settings.DATABASES)[POSTGRESQL]
 

@@ -301,3 +301,27 @@ def test_a_runs_events_have_one_index_by_run() -> None:
     by_run = {name for name, c in constraints.items() if c["index"] and c["columns"][:1] == ["run_id"]}
     assert by_run == {"runevent_run_seq"}
     assert constraints["runevent_run_seq"]["columns"] == ["run_id", "seq"]
+
+
+@pytest.mark.usefixtures("steps")
+def test_on_postgresql_the_engines_repeated_statements_are_prepared(database: str, team: Team) -> None:
+    """Values go to PostgreSQL as parameters and a statement a connection repeats is prepared
+    (settings.POSTGRESQL_STATEMENT_OPTIONS): it is then executed without being parsed and planned
+    again. The engine's own statements too, such as the read of a run's pending interrupts."""
+    from django.db import connection
+
+    from actions import engine
+
+    if connection.vendor != "postgresql":
+        assert database == "sqlite"
+        return
+    assert connection.connection.prepare_threshold == 5
+    for n in range(6):
+        run = engine.start_run("transfer_funds", {"amount": 250 + n, "to": "DE12"}, team, None)
+        assert len(engine.pending_interrupts(run.pk)) == 1
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [statement for (statement,) in cursor.fetchall()]
+    # One statement for every run, whatever its id: the value is a parameter, not in the text.
+    pending = 'SELECT * FROM "actions_interrupt" WHERE "run_id" = $1 AND "status" = $2 ORDER BY "seq"'
+    assert pending in prepared
