@@ -103,7 +103,7 @@ def _start_postgresql(config: pytest.Config) -> None:
     config.add_cleanup(server.cleanup)
     _postgresql["server"] = server
     django_settings.DATABASES[POSTGRESQL] = {
-        "ENGINE": "django.db.backends.postgresql",
+        "ENGINE": "grundlag_site.db.postgresql",
         "NAME": "grundlag",
         "USER": server.user,
         "HOST": "127.0.0.1",

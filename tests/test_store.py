@@ -325,3 +325,16 @@ def test_on_postgresql_the_engines_repeated_statements_are_prepared(database: st
     # One statement for every run, whatever its id: the value is a parameter, not in the text.
     pending = 'SELECT * FROM "actions_interrupt" WHERE "run_id" = $1 AND "status" = $2 ORDER BY "seq"'
     assert pending in prepared
+
+
+def test_a_statement_of_more_values_than_postgresql_binds_still_runs(run: Run) -> None:
+    """The protocol carries at most 65,535 parameters a statement: more (a long ``__in`` list,
+    a large ``bulk_create``) go in the statement's text, with a literal % kept as it is."""
+    ids = [run.pk, *range(10**9, 10**9 + 70_000)]
+    assert not Run.objects.filter(pk__in=ids, error__contains="%").exists()
+    Run.objects.filter(pk=run.pk).update(error="failed at 5% done")
+    assert list(Run.objects.filter(pk__in=ids, error__contains="5% done").values_list("pk", flat=True)) == [
+        run.pk
+    ]
+    made = Run.objects.bulk_create(Run(action="bulk", input={"n": n}, team=run.team) for n in range(5_000))
+    assert len(made) == 5_000 and Run.objects.filter(action="bulk").count() == 5_000
