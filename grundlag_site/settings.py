@@ -225,8 +225,8 @@ if not DATABASE_URL:
     _embedded.chmod(0o600)
     DATABASE_URL = f"sqlite:///{_embedded}"
 # PostgreSQL: statements are sent with their values as parameters, and a statement a connection
-# has run 5 times is prepared (parsed and planned once, then only executed): a quarter less of
-# the server's time an engine cycle (bench/RESULTS.md). Turn it off (false) behind a pooler
+# has run 5 times is prepared (parsed and planned once, then only executed): about 30 % less
+# of the server's CPU an engine cycle (bench/RESULTS.md). Turn it off (false) behind a pooler
 # that cannot keep prepared statements, such as PgBouncer before 1.21 in transaction mode (1.21
 # and later keep them with its max_prepared_statements set).
 POSTGRESQL_STATEMENT_OPTIONS: dict[str, Any] = (
