@@ -225,10 +225,11 @@ if not DATABASE_URL:
     _embedded.chmod(0o600)
     DATABASE_URL = f"sqlite:///{_embedded}"
 # PostgreSQL: statements are sent with their values as parameters, and a statement a connection
-# has run 5 times is prepared (parsed and planned once, then only executed): about 30 % less
-# of the server's CPU an engine cycle (bench/RESULTS.md). Turn it off (false) behind a pooler
-# that cannot keep prepared statements, such as PgBouncer before 1.21 in transaction mode (1.21
-# and later keep them with its max_prepared_statements set).
+# has run 5 times is prepared (parsed once, and planned once where one plan serves any values):
+# about 30 % less of the server's CPU an engine cycle (bench/RESULTS.md). Turn it off (false)
+# behind a pooler that cannot keep prepared statements, such as PgBouncer before 1.22 in
+# transaction mode (1.22 and later keep them with its max_prepared_statements set; psycopg's
+# binary package brings the libpq 17 or later they need).
 POSTGRESQL_STATEMENT_OPTIONS: dict[str, Any] = (
     {"server_side_binding": True, "prepare_threshold": 5} if envbool("DB_PREPARED_STATEMENTS", "true") else {}
 )
