@@ -2,11 +2,12 @@
 
 With ``server_side_binding`` (settings.POSTGRESQL_STATEMENT_OPTIONS) values travel as
 parameters, so a statement's text is the same whatever its values, and psycopg prepares one a
-connection has run ``prepare_threshold`` times: PostgreSQL then executes it without parsing and
-planning it again (bench/RESULTS.md). The one thing server-side binding cannot do is a statement
-of more than 65,535 values (the protocol counts them in 16 bits): a large ``bulk_create`` or a
-long ``__in`` list. Such a statement has its values written into its text instead, as Django's
-default (client-side binding) does for every statement."""
+connection has run ``prepare_threshold`` times: PostgreSQL then executes it without parsing it
+again (nor planning it, where one plan serves any values; bench/RESULTS.md). The one thing
+server-side binding cannot do is a statement of more than 65,535 values (the protocol counts
+them in 16 bits): a large ``bulk_create`` or a long ``__in`` list. Such a statement has its
+values written into its text instead, as Django's default (client-side binding) does for every
+statement."""
 
 from __future__ import annotations
 
