@@ -115,10 +115,19 @@ class Site:
         return Server(proc, port)
 
     def worker(
-        self, name: str = "w1", concurrency: int = 2, queues: str = "", nice: int = 0
+        self,
+        name: str = "w1",
+        concurrency: int = 2,
+        queues: str = "",
+        nice: int = 0,
+        wait_ready: bool = False,
     ) -> subprocess.Popen[bytes]:
         """A Celery worker; ``queues`` (-Q): "celery" for steps, "notify" for notifications,
-        both when not given; ``nice``: as deploy/Procfile runs the notifications' worker."""
+        both when not given; ``nice``: as deploy/Procfile runs the notifications' worker;
+        ``wait_ready``: return once it consumes, for a test that times what follows (a worker
+        takes a few seconds to start on a busy machine)."""
+        log = self.log_dir / f"worker-{name}.log"
+        readies = log.read_text(errors="replace").count(" ready.") if log.exists() else 0
         proc = self.spawn(
             f"worker-{name}",
             *(["nice", "-n", str(nice)] if nice else []),
@@ -140,6 +149,14 @@ class Site:
             "--without-gossip",
             *(["--queues", queues] if queues else []),
         )
+        if wait_ready:
+
+            def ready() -> bool:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"worker {name} exited with {proc.returncode}")
+                return log.read_text(errors="replace").count(" ready.") > readies
+
+            wait_for(ready, what=f"worker {name} ready")
         return proc
 
     def beat(self) -> subprocess.Popen[bytes]:

@@ -307,7 +307,7 @@ def test_a_waiting_request_is_woken_across_processes_by_postgresql_not_by_its_fa
     site = scaled_site
     site.env["GRUNDLAG_WAIT_POLL_SECONDS"] = "30"
     web = site.web()
-    site.worker("w1")
+    site.worker("w1", wait_ready=True)  # its start is not what is timed
     # The web process listens from its start (before it, a waiter polls fast: not what is tested).
     listening = "SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = 'grundlag-listen'"
     wait_for(lambda: site.sql(listening)[0][0] == 1, what="daphne listening")
