@@ -292,6 +292,43 @@ def test_the_heartbeat_renews_only_the_leases_this_process_still_holds(team: Tea
     assert steps.renew_leases() == 0  # let go: nothing held, nothing renewed
 
 
+def test_only_a_step_still_running_whose_lease_was_taken_is_called_lost(
+    team: Team, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The heartbeat reads which steps run here, then renews them: a step that recorded its
+    result in between is no longer running, so not renewed, but lost nothing. Under load the
+    heartbeat said so of finished steps ("their results will not be recorded")."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    past = timezone.now() - timedelta(seconds=5)
+    finished = Run.objects.create(
+        action="send_invoice", input={}, team=team, status="running", attempt=1, lease_expires_at=past
+    )
+    taken = Run.objects.create(
+        action="send_invoice", input={}, team=team, status="running", attempt=1, lease_expires_at=past
+    )
+    steps._hold(finished)
+    steps._hold(taken)
+    try:
+        # As the step does before its record commits; then the record and the sweeper's
+        # re-queue land before the heartbeat's update.
+        steps._recording(finished)
+        Run.objects.filter(pk=finished.pk).update(status="completed", lease_expires_at=None)
+        Run.objects.filter(pk=taken.pk).update(status="queued", lease_expires_at=None)
+        with caplog.at_level("WARNING", logger="actions.engine.steps"):
+            assert steps.renew_leases() == 0
+    finally:
+        steps._let_go(finished)
+        steps._let_go(taken)
+    lost = [record.getMessage() for record in caplog.records if "lost its lease" in record.getMessage()]
+    assert lost == [
+        f"run {taken.pk}: its step lost its lease (re-queued by the sweeper after a stall);"
+        " its result will not be recorded"
+    ]
+
+
 def test_a_step_stuck_beyond_the_longest_a_step_may_take_is_no_longer_renewed(
     team: Team, settings: Any
 ) -> None:

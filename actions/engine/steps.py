@@ -14,7 +14,7 @@ import functools
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import close_old_connections, transaction
@@ -79,7 +79,16 @@ Status = Run.Status
 # stuck for good, say on a call without a timeout, then loses it and is re-queued, and after
 # GRUNDLAG_MAX_STEP_REQUEUES fails its run). A process that dies stops renewing, and its steps'
 # leases run out.
-_held: dict[int, tuple[int, float]] = {}  # run id -> (attempt, when it began): steps running here
+class _Held(NamedTuple):
+    attempt: int
+    began: float  # time.monotonic()
+    # Its result is being recorded: the record itself says if the lease was lost meanwhile,
+    # and once it commits the run is no longer running (the lease is then not renewed, and
+    # not lost either).
+    recording: bool = False
+
+
+_held: dict[int, _Held] = {}  # run id -> the step running here
 _held_lock = threading.Lock()
 _heartbeat: threading.Thread | None = None
 
@@ -87,15 +96,21 @@ _heartbeat: threading.Thread | None = None
 def _hold(run: Run) -> None:
     global _heartbeat
     with _held_lock:
-        _held[run.pk] = (run.attempt, time.monotonic())
+        _held[run.pk] = _Held(run.attempt, time.monotonic())
         if _heartbeat is None or not _heartbeat.is_alive():
             _heartbeat = threading.Thread(target=_beat, name="grundlag-heartbeat", daemon=True)
             _heartbeat.start()
 
 
+def _recording(run: Run) -> None:
+    with _held_lock:
+        if (held := _held.get(run.pk)) is not None and held.attempt == run.attempt:
+            _held[run.pk] = held._replace(recording=True)
+
+
 def _let_go(run: Run) -> None:
     with _held_lock:
-        if _held.get(run.pk, (None,))[0] == run.attempt:
+        if (held := _held.get(run.pk)) is not None and held.attempt == run.attempt:
             del _held[run.pk]
 
 
@@ -105,8 +120,8 @@ def renew_leases() -> int:
     record of this attempt will fail, and the new attempt's holder owns the run."""
     limit = time.monotonic() - settings.GRUNDLAG_MAX_STEP_SECONDS
     with _held_lock:
-        held = {run_id: attempt for run_id, (attempt, began) in _held.items() if began > limit}
-        overdue = [run_id for run_id, (_, began) in _held.items() if began <= limit]
+        held = {run_id: each.attempt for run_id, each in _held.items() if each.began > limit}
+        overdue = [run_id for run_id, each in _held.items() if each.began <= limit]
     for run_id in overdue:
         logger.warning(
             "run %s: its step has run longer than GRUNDLAG_MAX_STEP_SECONDS; its lease is no longer renewed",
@@ -118,14 +133,24 @@ def renew_leases() -> int:
     # own would wait in SQLite's busy handler, losing every race to them).
     with transaction.atomic():
         renewed = store.renew_leases(held, lease_from(timezone.now()))
-    if renewed < len(held):
+    # A step that finished meanwhile was not renewed, and has lost nothing: only a step still
+    # running here, its result not yet being recorded, can have had its lease taken.
+    with _held_lock:
+        lost = [
+            run_id
+            for run_id, attempt in held.items()
+            if run_id not in renewed
+            and (each := _held.get(run_id)) is not None
+            and each.attempt == attempt
+            and not each.recording
+        ]
+    for run_id in lost:
         logger.warning(
-            "%s of %s running steps lost their lease (re-queued by the sweeper after a stall);"
-            " their results will not be recorded",
-            len(held) - renewed,
-            len(held),
+            "run %s: its step lost its lease (re-queued by the sweeper after a stall);"
+            " its result will not be recorded",
+            run_id,
         )
-    return renewed
+    return len(renewed)
 
 
 def _beat() -> None:
@@ -243,6 +268,7 @@ def _execute_claimed(run: Run, answers: Answers | None = None, queued_seconds: f
                 result = StepResult(Status.FAILED, error=f"{type(exc).__name__}: {exc}", internal=True)
             seconds = time.perf_counter() - began
             span.set_attribute("grundlag.run.status", result.status)
+            _recording(run)
             record(run, result)
     finally:
         _let_go(run)

@@ -1079,15 +1079,17 @@ def snapshot() -> Iterator[None]:
         yield
 
 
-def renew_leases(held: dict[int, int], lease_expires_at: datetime) -> int:
+def renew_leases(held: dict[int, int], lease_expires_at: datetime) -> set[int]:
     """Move the lease of each running step (run id -> attempt) on to ``lease_expires_at``, if
-    it is still that attempt's; how many were."""
+    it is still that attempt's; the ids of the runs whose lease was."""
     pairs = sorted(held.items())
-    return execute(
-        sql("UPDATE {Run} SET {Run.lease_expires_at} = %s WHERE {Run.status} = %s AND (")
-        + " OR ".join([sql("({Run.id} = %s AND {Run.attempt} = %s)")] * len(pairs))
-        + ")",
-        [lease_expires_at, Run.Status.RUNNING, *[value for pair in pairs for value in pair]],
+    return set(
+        _ids(
+            "UPDATE {Run} SET {Run.lease_expires_at} = %s WHERE {Run.status} = %s AND ("
+            + " OR ".join(["({Run.id} = %s AND {Run.attempt} = %s)"] * len(pairs))
+            + ") RETURNING {Run.id}",
+            [lease_expires_at, Run.Status.RUNNING, *[value for pair in pairs for value in pair]],
+        )
     )
 
 
