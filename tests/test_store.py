@@ -346,3 +346,67 @@ def test_a_statement_of_more_values_than_postgresql_binds_still_runs(run: Run) -
     ]
     made = Run.objects.bulk_create(Run(action="bulk", input={"n": n}, team=run.team) for n in range(5_000))
     assert len(made) == 5_000 and Run.objects.filter(action="bulk").count() == 5_000
+
+
+def test_on_postgresql_a_transactions_begin_travels_with_its_first_statement(database: str) -> None:
+    """psycopg sent BEGIN and waited for its answer before a transaction's first statement: a
+    round trip of its own for each transaction. The two now go together, in one pipeline, and
+    the transaction is the same: a failed first statement fails it, a rollback undoes it."""
+    import tempfile
+
+    from django.db import DataError, connection
+    from psycopg.pq import Trace, TransactionStatus
+
+    from grundlag_site.db.postgresql.base import DatabaseWrapper
+
+    if connection.vendor != "postgresql":
+        assert database == "sqlite"
+        return
+    # A connection of its own: the test's is inside the test's transaction already.
+    other = DatabaseWrapper(dict(connection.settings_dict), alias="begin-with-first")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("CREATE TEMPORARY TABLE counted (n integer PRIMARY KEY)")
+
+        def transaction(*statements: tuple[str, list[Any]], commit: bool = True) -> list[str]:
+            """Run ``statements`` as transaction.atomic() runs them (autocommit off, then a
+            commit or a rollback); the messages the client sent, as libpq traces them."""
+            with tempfile.TemporaryFile("w+") as trace:
+                pgconn = other.connection.pgconn
+                pgconn.trace(trace.fileno())
+                pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS | Trace.REGRESS_MODE)
+                try:
+                    other.set_autocommit(False)
+                    with other.cursor() as cursor:
+                        for sql, params in statements:
+                            cursor.execute(sql, params)
+                    other.commit() if commit else other.rollback()
+                finally:
+                    if pgconn.transaction_status != TransactionStatus.IDLE:  # it failed
+                        other.rollback()
+                    other.set_autocommit(True)
+                    pgconn.untrace()
+                trace.seek(0)
+                # "F <length> <message> <its fields>": what the client (frontend) sent
+                sent = [line.split()[2:] for line in trace.read().splitlines() if line.startswith("F\t")]
+                return [" ".join(message) for message in sent]
+
+        def round_trips(sent: list[str]) -> int:
+            # The client waits for the server's answer after a Sync (extended protocol) and
+            # after a Query (simple protocol).
+            return sum(message.split()[0] in ("Sync", "Query") for message in sent)
+
+        insert_one = ("INSERT INTO counted (n) VALUES (%s)", [1])
+        sent = transaction(insert_one, commit=False)
+        assert sent[0].startswith('Parse "" "BEGIN"'), sent  # in the pipeline, not a Query of its own
+        assert [message.split()[0] for message in sent].index("Sync") > 4  # the INSERT before it
+        assert round_trips(sent) == 2, sent  # BEGIN with the INSERT, then ROLLBACK
+        sent = transaction(("INSERT INTO counted (n) VALUES (%s)", [2]), ("SELECT COUNT(*) FROM counted", []))
+        assert round_trips(sent) == 3, sent  # the second statement goes as before
+        with pytest.raises(DataError):  # a first statement that fails fails its transaction
+            transaction(("SELECT 1 / %s", [0]), insert_one)
+        with other.cursor() as cursor:
+            cursor.execute("SELECT n FROM counted")
+            assert cursor.fetchall() == [(2,)]  # rolled back twice, committed once
+    finally:
+        other.close()

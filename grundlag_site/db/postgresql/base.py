@@ -1,13 +1,23 @@
-"""Django's PostgreSQL backend, whose statements a connection repeats are prepared.
+"""Django's PostgreSQL backend, with two changes to what goes over the wire.
 
-With ``server_side_binding`` (settings.POSTGRESQL_STATEMENT_OPTIONS) values travel as
-parameters, so a statement's text is the same whatever its values, and psycopg prepares one a
-connection has run ``prepare_threshold`` times: PostgreSQL then executes it without parsing it
-again (nor planning it, where one plan serves any values; bench/RESULTS.md). The one thing
-server-side binding cannot do is a statement of more than 65,535 values (the protocol counts
-them in 16 bits): a large ``bulk_create`` or a long ``__in`` list. Such a statement has its
-values written into its text instead, as Django's default (client-side binding) does for every
-statement."""
+**Statements a connection repeats are prepared.** With ``server_side_binding``
+(settings.POSTGRESQL_STATEMENT_OPTIONS) values travel as parameters, so a statement's text is
+the same whatever its values, and psycopg prepares one a connection has run
+``prepare_threshold`` times: PostgreSQL then executes it without parsing it again (nor
+planning it, where one plan serves any values; bench/RESULTS.md). The one thing server-side
+binding cannot do is a statement of more than 65,535 values (the protocol counts them in 16
+bits): a large ``bulk_create`` or a long ``__in`` list. Such a statement has its values written
+into its text instead, as Django's default (client-side binding) does for every statement.
+
+**A transaction's BEGIN travels with its first statement.** psycopg starts a transaction by
+sending BEGIN and waiting for its answer before it sends the statement: a round trip of its own
+for every transaction (4 of the 22 an engine cycle took). Here the two are sent together, in
+one pipeline, and answered together. Nothing else changes: the transaction begins where it
+did, just before its first statement, and a statement that fails leaves it failed, to be rolled
+back as before. Only the first statement of a transaction, when it has values, is sent so; any
+other, and anything sent while the connection is already in a pipeline, goes as psycopg sends
+it.
+"""
 
 from __future__ import annotations
 
@@ -15,19 +25,55 @@ from typing import Any
 
 import psycopg
 from django.db.backends.postgresql import base
+from psycopg.abc import PQGen
+from psycopg.pq import PipelineStatus, TransactionStatus
 
 # The most values one statement can carry as parameters (the Bind message counts them in 16 bits).
 MAX_PARAMETERS = 65535
 
 
+class Connection(psycopg.Connection[Any]):
+    """psycopg's connection, which can leave the BEGIN it sends in a pipeline for the statement
+    after it to take along (``BoundCursor.execute``)."""
+
+    _begin_with_next = False
+
+    def _start_query(self) -> PQGen[None]:
+        if not self._begin_with_next:
+            yield from super()._start_query()
+            return
+        # psycopg's own, less the pipeline's sync (and wait) right after the BEGIN.
+        if self._autocommit or self.pgconn.transaction_status != TransactionStatus.IDLE:
+            return
+        yield from self._exec_command(self._get_tx_start_command())
+
+
 class BoundCursor(base.ServerBindingCursor):
     def execute(self, query: Any, params: Any = None, **options: Any) -> Any:
+        conn = self.connection  # type: ignore[attr-defined]
         if params is not None and len(params) > MAX_PARAMETERS:
             # Merged here as a client-side cursor merges them, with this connection's adapters;
             # a text with its values in it is not worth preparing.
-            query = psycopg.ClientCursor(self.connection).mogrify(query, params)  # type: ignore[attr-defined]
-            return super().execute(query, None, **{**options, "prepare": False})  # type: ignore[misc]
-        return super().execute(query, params, **options)  # type: ignore[misc]
+            query = psycopg.ClientCursor(conn).mogrify(query, params)
+            params, options = None, {**options, "prepare": False}
+        if (
+            # Without values a text may hold several statements, which only the simple query
+            # protocol takes, and a pipeline has none.
+            params is None
+            or not isinstance(conn, Connection)
+            or conn.autocommit
+            or conn.pgconn.transaction_status != TransactionStatus.IDLE
+            or conn.pgconn.pipeline_status != PipelineStatus.OFF
+        ):
+            return super().execute(query, params, **options)  # type: ignore[misc]
+        # The transaction's first statement: its BEGIN and it in one round trip.
+        conn._begin_with_next = True
+        try:
+            with conn.pipeline():
+                super().execute(query, params, **options)  # type: ignore[misc]
+        finally:
+            conn._begin_with_next = False
+        return self
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
@@ -36,3 +82,11 @@ class DatabaseWrapper(base.DatabaseWrapper):
         if params.get("cursor_factory") is base.ServerBindingCursor:
             params["cursor_factory"] = BoundCursor
         return params
+
+    def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
+        connection = super().get_new_connection(conn_params)
+        # Made by psycopg.connect, or by the pool, as a psycopg.Connection: the subclass only
+        # adds behaviour, so the connection becomes one in place.
+        if type(connection) is psycopg.Connection:
+            connection.__class__ = Connection
+        return connection
