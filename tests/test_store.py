@@ -410,3 +410,33 @@ def test_on_postgresql_a_transactions_begin_travels_with_its_first_statement(dat
             assert cursor.fetchall() == [(2,)]  # rolled back twice, committed once
     finally:
         other.close()
+
+
+def test_an_engine_cycle_runs_the_statements_it_needs_and_no_more(
+    database: str, team: Team, settings: Any
+) -> None:
+    """A run that pauses once and is approved, its steps inline (as bench.engine_throughput
+    runs it): its statements, counted, so that one more on the engine's path is a decision
+    (bench/RESULTS.md has what each costs), not an accident. Each transaction adds a BEGIN and
+    a COMMIT, on PostgreSQL in the round trips of its first statement and its own."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from actions import engine
+
+    def cycle(amount: int) -> Run:
+        run = engine.start_run("transfer_funds", {"amount": amount, "to": "DE12"}, team, None)
+        (interrupt,) = engine.pending_interrupts(run.pk)
+        engine.resume(interrupt, {"approved": True}, None)
+        return run
+
+    settings.GRUNDLAG_INLINE_STEPS = True
+    cycle(10)  # the process's caches (a team's slug for the metrics, ...) filled
+    with CaptureQueriesContext(connection) as queries:
+        run = cycle(20)
+    run.refresh_from_db()
+    assert run.status == "completed"
+    # The test's own transaction makes each of the engine's a savepoint: not counted.
+    statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
+    expected = {"sqlite": 19, "postgresql": 14}[database]
+    assert len(statements) == expected, "\n".join(statements)
