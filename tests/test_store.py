@@ -351,7 +351,8 @@ def test_a_statement_of_more_values_than_postgresql_binds_still_runs(run: Run) -
 def test_on_postgresql_a_transactions_begin_travels_with_its_first_statement(database: str) -> None:
     """psycopg sent BEGIN and waited for its answer before a transaction's first statement: a
     round trip of its own for each transaction. The two now go together, in one pipeline, and
-    the transaction is the same: a failed first statement fails it, a rollback undoes it."""
+    the transaction is the same: its rows are read, a failed first statement fails it, a
+    rollback undoes it."""
     import tempfile
 
     from django.db import DataError, connection
@@ -364,13 +365,15 @@ def test_on_postgresql_a_transactions_begin_travels_with_its_first_statement(dat
         return
     # A connection of its own: the test's is inside the test's transaction already.
     other = DatabaseWrapper(dict(connection.settings_dict), alias="begin-with-first")
+    ended: list[TransactionStatus] = []  # each transaction's state before its commit or rollback
     try:
         with other.cursor() as cursor:
             cursor.execute("CREATE TEMPORARY TABLE counted (n integer PRIMARY KEY)")
 
-        def transaction(*statements: tuple[str, list[Any]], commit: bool = True) -> list[str]:
+        def transaction(*statements: tuple[str, list[Any]], commit: bool = True) -> tuple[list[str], Any]:
             """Run ``statements`` as transaction.atomic() runs them (autocommit off, then a
-            commit or a rollback); the messages the client sent, as libpq traces them."""
+            commit or a rollback): the messages the client sent, as libpq traces them, and
+            the rows of the last statement."""
             with tempfile.TemporaryFile("w+") as trace:
                 pgconn = other.connection.pgconn
                 pgconn.trace(trace.fileno())
@@ -380,16 +383,16 @@ def test_on_postgresql_a_transactions_begin_travels_with_its_first_statement(dat
                     with other.cursor() as cursor:
                         for sql, params in statements:
                             cursor.execute(sql, params)
-                    other.commit() if commit else other.rollback()
+                        rows = cursor.fetchall() if cursor.description else None
                 finally:
-                    if pgconn.transaction_status != TransactionStatus.IDLE:  # it failed
-                        other.rollback()
+                    ended.append(pgconn.transaction_status)
+                    other.commit() if commit and ended[-1] == TransactionStatus.INTRANS else other.rollback()
                     other.set_autocommit(True)
                     pgconn.untrace()
                 trace.seek(0)
                 # "F <length> <message> <its fields>": what the client (frontend) sent
                 sent = [line.split()[2:] for line in trace.read().splitlines() if line.startswith("F\t")]
-                return [" ".join(message) for message in sent]
+                return [" ".join(message) for message in sent], rows
 
         def round_trips(sent: list[str]) -> int:
             # The client waits for the server's answer after a Sync (extended protocol) and
@@ -397,14 +400,17 @@ def test_on_postgresql_a_transactions_begin_travels_with_its_first_statement(dat
             return sum(message.split()[0] in ("Sync", "Query") for message in sent)
 
         insert_one = ("INSERT INTO counted (n) VALUES (%s)", [1])
-        sent = transaction(insert_one, commit=False)
+        sent, _ = transaction(insert_one, commit=False)
         assert sent[0].startswith('Parse "" "BEGIN"'), sent  # in the pipeline, not a Query of its own
         assert [message.split()[0] for message in sent].index("Sync") > 4  # the INSERT before it
         assert round_trips(sent) == 2, sent  # BEGIN with the INSERT, then ROLLBACK
-        sent = transaction(("INSERT INTO counted (n) VALUES (%s)", [2]), ("SELECT COUNT(*) FROM counted", []))
+        sent, _ = transaction(("INSERT INTO counted (n) VALUES (%s)", [2]), ("SELECT 1 FROM counted", []))
         assert round_trips(sent) == 3, sent  # the second statement goes as before
+        sent, rows = transaction(("SELECT n, %s FROM counted", ["read"]))
+        assert rows == [(2, "read")] and round_trips(sent) == 2, sent  # a first statement's rows
         with pytest.raises(DataError):  # a first statement that fails fails its transaction
             transaction(("SELECT 1 / %s", [0]), insert_one)
+        assert ended == [TransactionStatus.INTRANS] * 3 + [TransactionStatus.INERROR]
         with other.cursor() as cursor:
             cursor.execute("SELECT n FROM counted")
             assert cursor.fetchall() == [(2,)]  # rolled back twice, committed once

@@ -134,7 +134,8 @@ def renew_leases() -> int:
     with transaction.atomic():
         renewed = store.renew_leases(held, lease_from(timezone.now()))
     # A step that finished meanwhile was not renewed, and has lost nothing: only a step still
-    # running here, its result not yet being recorded, can have had its lease taken.
+    # running here, its result not yet being recorded, can have had its lease taken. It is
+    # told once, and not renewed again (the run is another attempt's now).
     with _held_lock:
         lost = [
             run_id
@@ -144,6 +145,8 @@ def renew_leases() -> int:
             and each.attempt == attempt
             and not each.recording
         ]
+        for run_id in lost:
+            del _held[run_id]
     for run_id in lost:
         logger.warning(
             "run %s: its step lost its lease (re-queued by the sweeper after a stall);"

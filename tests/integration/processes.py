@@ -127,7 +127,12 @@ class Site:
         ``wait_ready``: return once it consumes, for a test that times what follows (a worker
         takes a few seconds to start on a busy machine)."""
         log = self.log_dir / f"worker-{name}.log"
-        readies = log.read_text(errors="replace").count(" ready.") if log.exists() else 0
+        ready_line = re.compile(rf"\b{re.escape(name)}@\S+ ready\.")  # Celery's "w1@host ready."
+
+        def readies() -> int:
+            return len(ready_line.findall(log.read_text(errors="replace"))) if log.exists() else 0
+
+        before = readies()
         proc = self.spawn(
             f"worker-{name}",
             *(["nice", "-n", str(nice)] if nice else []),
@@ -150,13 +155,10 @@ class Site:
             *(["--queues", queues] if queues else []),
         )
         if wait_ready:
-
-            def ready() -> bool:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"worker {name} exited with {proc.returncode}")
-                return log.read_text(errors="replace").count(" ready.") > readies
-
-            wait_for(ready, what=f"worker {name} ready")
+            # A worker that exits is not waited for: its exit ends the wait (and is raised).
+            wait_for(lambda: proc.poll() is not None or readies() > before, what=f"worker {name} ready")
+            if proc.poll() is not None:
+                raise RuntimeError(f"worker {name} exited with {proc.returncode}; see {log}")
         return proc
 
     def beat(self) -> subprocess.Popen[bytes]:

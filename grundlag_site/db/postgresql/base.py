@@ -15,8 +15,11 @@ for every transaction (4 of the 22 an engine cycle took). Here the two are sent 
 one pipeline, and answered together. Nothing else changes: the transaction begins where it
 did, just before its first statement, and a statement that fails leaves it failed, to be rolled
 back as before. Only the first statement of a transaction, when it has values, is sent so; any
-other, and anything sent while the connection is already in a pipeline, goes as psycopg sends
-it.
+other, anything sent while the connection is already in a pipeline, and everything with
+``DB_PREPARED_STATEMENTS=false`` (Django's client-side cursor) or a libpq older than 14 (no
+pipelines) goes as psycopg sends it. This overrides a private method of psycopg's
+(``Connection._start_query``): requirements.in holds psycopg below its next minor release, and
+tests/test_store.py fails if the override is no longer called.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from psycopg.pq import PipelineStatus, TransactionStatus
 # The most values one statement can carry as parameters (the Bind message counts them in 16 bits).
 MAX_PARAMETERS = 65535
 
+# Whether this libpq has pipelines (14 and later; the binary wheel's has).
+PIPELINES = psycopg.Pipeline.is_supported()
+
 
 class Connection(psycopg.Connection[Any]):
     """psycopg's connection, which can leave the BEGIN it sends in a pipeline for the statement
@@ -43,7 +49,7 @@ class Connection(psycopg.Connection[Any]):
             yield from super()._start_query()
             return
         # psycopg's own, less the pipeline's sync (and wait) right after the BEGIN.
-        if self._autocommit or self.pgconn.transaction_status != TransactionStatus.IDLE:
+        if self.autocommit or self.pgconn.transaction_status != TransactionStatus.IDLE:
             return
         yield from self._exec_command(self._get_tx_start_command())
 
@@ -57,9 +63,9 @@ class BoundCursor(base.ServerBindingCursor):
             query = psycopg.ClientCursor(conn).mogrify(query, params)
             params, options = None, {**options, "prepare": False}
         if (
-            # Without values a text may hold several statements, which only the simple query
-            # protocol takes, and a pipeline has none.
-            params is None
+            # Without values (None or empty) psycopg sends a text by the simple query protocol,
+            # which takes several statements in one text; a pipeline has no such protocol.
+            not params
             or not isinstance(conn, Connection)
             or conn.autocommit
             or conn.pgconn.transaction_status != TransactionStatus.IDLE
@@ -87,6 +93,6 @@ class DatabaseWrapper(base.DatabaseWrapper):
         connection = super().get_new_connection(conn_params)
         # Made by psycopg.connect, or by the pool, as a psycopg.Connection: the subclass only
         # adds behaviour, so the connection becomes one in place.
-        if type(connection) is psycopg.Connection:
+        if type(connection) is psycopg.Connection and PIPELINES:
             connection.__class__ = Connection
         return connection
