@@ -335,6 +335,30 @@ def test_only_a_step_still_running_whose_lease_was_taken_is_called_lost(
     ]
 
 
+def test_the_heartbeat_outlives_a_failure_to_close_its_connections(
+    team: Team, monkeypatch: Any, settings: Any
+) -> None:
+    """Closing the heartbeat thread's old connections raised out of its loop, and ended it:
+    the steps running in the process were no longer renewed (seen in the test suite, where
+    pytest-django refuses a finished test's database)."""
+
+    def refused() -> None:
+        raise RuntimeError("Database access not allowed")
+
+    monkeypatch.setattr(steps, "close_old_connections", refused)
+    settings.GRUNDLAG_STEP_LEASE_SECONDS = 0.3  # a beat every 0.1 s
+    monkeypatch.setattr(steps, "_heartbeat", None)  # a thread of this test's
+    run = Run.objects.create(action="send_invoice", input={}, team=team, status="running", attempt=1)
+    steps._hold(run)
+    try:
+        beating = steps._heartbeat
+        assert beating is not None
+        time.sleep(0.5)
+        assert beating.is_alive(), "the heartbeat ended"
+    finally:
+        steps._let_go(run)
+
+
 def test_a_step_stuck_beyond_the_longest_a_step_may_take_is_no_longer_renewed(
     team: Team, settings: Any
 ) -> None:

@@ -163,8 +163,13 @@ def _beat() -> None:
             renew_leases()
         except Exception:
             logger.warning("could not renew step leases; trying again", exc_info=True)
-        finally:
-            close_old_connections()  # this thread's, past CONN_MAX_AGE or broken
+        # This thread's connections, past CONN_MAX_AGE or broken. Whatever that raises must not
+        # end the thread: the steps running here would stop being renewed, and the sweeper
+        # would run them again while they still run.
+        try:
+            close_old_connections()
+        except Exception:
+            logger.debug("could not close the heartbeat's old database connections", exc_info=True)
 
 
 # Starting
