@@ -102,15 +102,21 @@ def _hold(run: Run) -> None:
             _heartbeat.start()
 
 
+def _holding(run_id: int, attempt: int) -> _Held | None:
+    """This attempt's step, if it still runs here. Under _held_lock."""
+    held = _held.get(run_id)
+    return held if held is not None and held.attempt == attempt else None
+
+
 def _recording(run: Run) -> None:
     with _held_lock:
-        if (held := _held.get(run.pk)) is not None and held.attempt == run.attempt:
+        if (held := _holding(run.pk, run.attempt)) is not None:
             _held[run.pk] = held._replace(recording=True)
 
 
 def _let_go(run: Run) -> None:
     with _held_lock:
-        if (held := _held.get(run.pk)) is not None and held.attempt == run.attempt:
+        if _holding(run.pk, run.attempt) is not None:
             del _held[run.pk]
 
 
@@ -141,8 +147,7 @@ def renew_leases() -> int:
             run_id
             for run_id, attempt in held.items()
             if run_id not in renewed
-            and (each := _held.get(run_id)) is not None
-            and each.attempt == attempt
+            and (each := _holding(run_id, attempt)) is not None
             and not each.recording
         ]
         for run_id in lost:
