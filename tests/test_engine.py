@@ -455,11 +455,16 @@ def test_an_interrupt_read_with_its_run_and_team_in_one_statement_is_what_the_or
 ) -> None:
     """store.read_interrupt and read_run_of_team split one joined row into three (two) rows: each
     field of each is the ORM's, and ids that differ between the tables are not mixed up."""
-    for n in range(3):  # the run's, the interrupt's and the team's ids apart
+    # The run's, the interrupt's and the team's ids apart. Sequences are not rolled back with a
+    # test's transaction, so where they stand depends on the tests run before on this database:
+    # a run another is started until its ids differ.
+    for n in range(10):
         engine.start_run("send_invoice", {"invoice_id": f"O-{n}", "amount": 1}, other_team, None)
         Run.objects.create(action="send_invoice", input={}, team=other_team)
-    run = engine.start_run("send_invoice", {"invoice_id": "J-1", "amount": 7}, team, reviewer)
-    (pending,) = engine.pending_interrupts(run.pk)
+        run = engine.start_run("send_invoice", {"invoice_id": f"J-{n}", "amount": 7}, team, reviewer)
+        (pending,) = engine.pending_interrupts(run.pk)
+        if len({pending.pk, run.pk, team.pk}) == 3:
+            break
     assert len({pending.pk, run.pk, team.pk}) == 3
 
     with CaptureQueriesContext(connection) as queries:
