@@ -270,9 +270,9 @@ if _database["ENGINE"] == "django.db.backends.sqlite3":
     # temporary directory. `make check` names a fixed one, which pytest's --reuse-db keeps.
     _database["TEST"] = {"NAME": os.getenv("TEST_SQLITE_NAME", str(_default_test_db))}
 elif _database["ENGINE"] == "django.db.backends.postgresql":
-    # Django's backend, with a transaction's BEGIN sent with its first statement, and statements
-    # of more than 65,535 values still run, with the values in their text
-    # (grundlag_site/db/postgresql/base.py).
+    # Django's backend, with a transaction's BEGIN sent with its first statement, the engine's
+    # journal sent with its COMMIT, and statements of more than 65,535 values still run, with
+    # the values in their text (grundlag_site/db/postgresql/base.py).
     _database["ENGINE"] = "grundlag_site.db.postgresql"
     _database.setdefault("OPTIONS", {}).update(POSTGRESQL_STATEMENT_OPTIONS)
     # A pool of connections per process (psycopg_pool, Django's "pool" option), shared by its

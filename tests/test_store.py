@@ -418,6 +418,195 @@ def test_on_postgresql_a_transactions_begin_travels_with_its_first_statement(dat
         other.close()
 
 
+def test_on_postgresql_a_transactions_last_statement_can_travel_with_its_commit(database: str) -> None:
+    """The statement a transaction ends with, held (hold_for_commit), goes with the COMMIT in
+    one round trip; its rows reach the caller once committed, before the on_commit callbacks.
+    If it fails, nothing of the transaction is committed and nothing announced; nothing runs
+    between it and the commit; and nothing is held where no COMMIT follows."""
+    import tempfile
+
+    from django.db import DataError, connection, connections, transaction
+    from psycopg.pq import Trace, TransactionStatus
+
+    from grundlag_site.db.postgresql.base import DatabaseWrapper, HeldStatementError
+
+    if connection.vendor != "postgresql":
+        assert database == "sqlite"
+        return
+    alias = "last-with-commit"  # a connection of its own, outside the test's transaction
+    other = DatabaseWrapper({**connection.settings_dict, "TEST": {}}, alias=alias)
+    connections[alias] = other
+    happened: list[Any] = []
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("CREATE TEMPORARY TABLE counted (n integer PRIMARY KEY)")
+
+        def insert(n: int) -> None:
+            with other.cursor() as cursor:
+                cursor.execute("INSERT INTO counted (n) VALUES (%s)", [n])
+
+        def ended_with(query: str, params: list[Any], *, before: int = 1) -> list[str]:
+            """A transaction that inserts ``before`` and ends with ``query`` held: what the
+            client sent, as libpq traces it."""
+            with tempfile.TemporaryFile("w+") as trace:
+                pgconn = other.connection.pgconn
+                pgconn.trace(trace.fileno())
+                pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS | Trace.REGRESS_MODE)
+                try:
+                    with transaction.atomic(using=alias):
+                        insert(before)
+                        transaction.on_commit(lambda: happened.append("on_commit"), using=alias)
+                        held = other.hold_for_commit(query, params, lambda rows: happened.append(rows))
+                        assert held
+                finally:
+                    pgconn.untrace()
+                trace.seek(0)
+                lines = trace.read().splitlines()
+                return [" ".join(line.split()[2:]) for line in lines if line.startswith("F\t")]
+
+        sent = ended_with("INSERT INTO counted (n) VALUES (%s) RETURNING n", [2])
+        # What went before each wait for the server's answers (a Sync; psycopg's Flush waits
+        # for nothing): the BEGIN with the INSERT, then the held statement with the COMMIT.
+        waits = " ".join("Sync" if message.startswith("Sync") else message for message in sent)
+        parsed = [[m.split('"')[3] for m in part.split("Parse ")[1:]] for part in waits.split("Sync")]
+        assert "Query" not in waits and parsed[:2] == [
+            ["BEGIN", "INSERT INTO counted (n) VALUES ($1)"],
+            ["INSERT INTO counted (n) VALUES ($1) RETURNING n", "COMMIT"],
+        ], sent
+        assert len(parsed) == 3 and parsed[2] == [], sent  # nothing after the second Sync
+        assert happened == [[(2,)], "on_commit"]  # its rows first, then the callbacks
+
+        happened.clear()
+        with pytest.raises(DataError):  # it fails: the transaction's insert is not committed
+            ended_with("SELECT 1 / %s", [0], before=3)
+        assert happened == [] and other.connection.pgconn.transaction_status == TransactionStatus.IDLE
+
+        # A statement after it is refused, not reordered.
+        with pytest.raises(HeldStatementError), transaction.atomic(using=alias):
+            insert(4)
+            assert other.hold_for_commit("INSERT INTO counted (n) VALUES (%s)", [5], happened.append)
+            insert(6)
+        assert happened == []
+
+        # Where no COMMIT follows at once, nothing is held: the caller runs it.
+        assert not other.hold_for_commit("SELECT %s", [1], happened.append)  # autocommit
+        with transaction.atomic(using=alias):
+            insert(7)
+            with transaction.atomic(using=alias):  # a savepoint
+                assert not other.hold_for_commit("SELECT %s", [1], happened.append)
+        with other.cursor() as cursor:
+            cursor.execute("SELECT n FROM counted ORDER BY n")
+            assert cursor.fetchall() == [(1,), (2,), (7,)]
+    finally:
+        other.close()
+        del connections[alias]
+
+
+@pytest.mark.django_db(transaction=True)  # the engine's transactions commit
+def test_on_postgresql_an_engine_cycle_makes_fourteen_round_trips(
+    database: str, team: Team, settings: Any
+) -> None:
+    """A committed cycle, steps inline: each transaction's BEGIN goes with its first statement
+    and its journal with its COMMIT. The inbox changes announced carry the numbers the
+    journal gave them, and the audit chain verifies."""
+    import tempfile
+
+    from django.db import connection
+    from psycopg.pq import Trace
+
+    from actions import engine
+    from actions.engine import audit, journal
+    from actions.models import InboxStream
+
+    if connection.vendor != "postgresql":
+        assert database == "sqlite"
+        return
+
+    def cycle(amount: int) -> Run:
+        run = engine.start_run("transfer_funds", {"amount": amount, "to": "DE12"}, team, None)
+        (interrupt,) = engine.pending_interrupts(run.pk)
+        engine.resume(interrupt, {"approved": True}, None)
+        return run
+
+    settings.GRUNDLAG_INLINE_STEPS = True
+    cycle(10)  # the process's caches filled
+    announced: list[int] = []
+
+    def heard(sender: Any, changes: list[journal.InboxChange], **kwargs: Any) -> None:
+        announced.extend(change.seq[team.pk] for change in changes)
+
+    journal.team_changed.connect(heard)
+    try:
+        with tempfile.TemporaryFile("w+") as trace:
+            pgconn = connection.connection.pgconn
+            pgconn.trace(trace.fileno())
+            pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS | Trace.REGRESS_MODE)
+            try:
+                run = cycle(20)
+            finally:
+                pgconn.untrace()
+            trace.seek(0)
+            sent = [line.split()[2] for line in trace.read().splitlines() if line.startswith("F\t")]
+    finally:
+        journal.team_changed.disconnect(heard)
+    run.refresh_from_db()
+    assert run.status == "completed"
+    # 14 statements in 4 transactions: each statement its round trip, but a transaction's
+    # BEGIN and its COMMIT go with its first statement and its last (18 before the COMMIT's).
+    assert sum(message in ("Sync", "Query") for message in sent) == 14, sent
+    last = InboxStream.objects.get(team=team).seq
+    assert announced == [last - 1, last]  # the pause, the decision: as the journal numbered them
+    assert audit.verify().ok
+
+
+@pytest.mark.django_db(transaction=True)  # the engine's transactions commit
+def test_on_postgresql_a_decision_whose_journal_fails_with_its_commit_changes_and_announces_nothing(
+    database: str, team: Team, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal goes with the COMMIT: when it fails there, the decision is rolled back as a
+    whole (the interrupt still pending, the run still waiting), no one is told of it, and the
+    same decision made again goes through."""
+    from django.db import DataError, connection
+    from psycopg.pq import TransactionStatus
+
+    from actions import engine
+    from actions.engine import audit, journal
+
+    if connection.vendor != "postgresql":
+        assert database == "sqlite"
+        return
+    settings.GRUNDLAG_INLINE_STEPS = True
+    run = engine.start_run("transfer_funds", {"amount": 5, "to": "DE12"}, team, None)
+    (interrupt,) = engine.pending_interrupts(run.pk)
+    announced: list[str] = []
+
+    def heard(sender: Any, changes: list[journal.InboxChange], **kwargs: Any) -> None:
+        announced.extend(change.event for change in changes)
+
+    journal.team_changed.connect(heard)
+    try:
+        # A detail PostgreSQL's jsonb refuses (a NUL), in the decision's event: its journal fails.
+        record = audit.decision_record
+        monkeypatch.setattr(audit, "decision_record", lambda *args: "refused\x00")
+        with pytest.raises(DataError):
+            engine.resume(interrupt, {"approved": True}, None)
+        assert connection.connection.pgconn.transaction_status == TransactionStatus.IDLE  # rolled back
+        assert announced == []
+        assert [it.pk for it in engine.pending_interrupts(run.pk)] == [interrupt.pk]
+        run.refresh_from_db()
+        assert run.status == Run.Status.INTERRUPTED
+        assert not RunEvent.objects.filter(run=run, kind="approved").exists()
+
+        monkeypatch.setattr(audit, "decision_record", record)
+        (interrupt,) = engine.pending_interrupts(run.pk)
+        engine.resume(interrupt, {"approved": True}, None)
+    finally:
+        journal.team_changed.disconnect(heard)
+    run.refresh_from_db()
+    assert run.status == Run.Status.COMPLETED and announced == ["decided"]
+    assert audit.verify().ok
+
+
 def test_an_engine_cycle_runs_the_statements_it_needs_and_no_more(
     database: str, team: Team, settings: Any
 ) -> None:

@@ -22,7 +22,7 @@ import hashlib
 import json
 import json as json_module
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -121,14 +121,23 @@ def link(previous: str, body: bytes) -> str:
     return hashlib.sha256(previous.encode() + body).hexdigest()
 
 
-def append(events: Sequence[Sequence[Any]], streams: dict[int, int] | None = None) -> dict[int, int]:
+def append(
+    events: Sequence[Sequence[Any]],
+    streams: dict[int, int] | None = None,
+    *,
+    numbered: Callable[[dict[int, int]], None] | None = None,
+    last: bool = False,
+) -> None:
     """Append events to run logs (run_id, interrupt_id, kind, actor_id, actor_name, detail,
     at), each written with its place in the chain and its hashes, in the caller's transaction
     or one of its own; and move the teams' inbox streams on by ``streams`` (team: count of
-    changes), last, in the same transaction: each team's new last number. On PostgreSQL all of
-    it is one statement (store.append_journal)."""
+    changes), last, in the same transaction. ``numbered`` is given each team's new last number.
+    On PostgreSQL all of it is one statement (store.append_journal); with ``last`` (nothing else
+    is written in the transaction after it: journal.atomic) that statement may be sent with the
+    transaction's COMMIT, and ``numbered`` is then called as it has committed, before its
+    ``on_commit`` callbacks run."""
     if not events and not streams:
-        return {}
+        return
     with nullcontext() if transaction.get_connection().in_atomic_block else transaction.atomic():
         if store.journal_in_one_call():
             rows = []
@@ -145,10 +154,13 @@ def append(events: Sequence[Sequence[Any]], streams: dict[int, int] | None = Non
                         rest(run_id, interrupt_id, kind, actor_name, detail.value, at),
                     ]
                 )
-            return store.append_journal(rows, streams or {})
+            store.append_journal(rows, streams or {}, numbered, last=last)
+            return
         if events:
             store.insert_events(chained(events))
-        return store.advance_streams(streams) if streams else {}
+        numbers = store.advance_streams(streams) if streams else {}
+        if numbered is not None:
+            numbered(numbers)
 
 
 def chained(events: Sequence[Sequence[Any]]) -> list[list[Any]]:

@@ -2,7 +2,8 @@
 
 An engine change runs in ``atomic()``. Its audit events are collected as it goes and written
 as it ends, in the same transaction: one INSERT on SQLite, one call of the server's
-``grundlag_append_journal`` on PostgreSQL (with the inbox streams' numbers). What changed is
+``grundlag_append_journal`` on PostgreSQL (with the inbox streams' numbers), sent with the
+transaction's COMMIT where it can be. What changed is
 announced after it commits (a rolled-back change tells no one anything), as the signals ``team_changed`` and
 ``run_changed``: actions.live pushes them to open pages and wakes the requests waiting on them;
 actions.notify tells whom they concern.
@@ -17,6 +18,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from django.db import transaction
@@ -95,9 +97,14 @@ def atomic() -> Iterator[None]:
                 _journal.reset(token)
             # The API request this change is made for keeps its Idempotency-Key with it.
             keyed = idempotency.record(journal.events[0][0] if journal.events else None)
-            counts = _counts(journal.changes)
-            last = audit.append(journal.events, counts)
-            _number(journal.changes, last)
+            # The transaction's last statement: on PostgreSQL it may go with the COMMIT, the
+            # changes numbered as it commits, before the on_commit callbacks announce them.
+            audit.append(
+                journal.events,
+                _counts(journal.changes),
+                numbered=partial(_number, journal.changes),
+                last=True,
+            )
     except BaseException:
         if keyed:
             idempotency.forget()

@@ -1,4 +1,4 @@
-"""Django's PostgreSQL backend, with two changes to what goes over the wire.
+"""Django's PostgreSQL backend, with three changes to what goes over the wire.
 
 **Statements a connection repeats are prepared.** With ``server_side_binding``
 (settings.POSTGRESQL_STATEMENT_OPTIONS) values travel as parameters, so a statement's text is
@@ -20,14 +20,28 @@ other, anything sent while the connection is already in a pipeline, and everythi
 pipelines) goes as psycopg sends it. This overrides a private method of psycopg's
 (``Connection._start_query``): requirements.in holds psycopg below its next minor release, and
 tests/test_store.py fails if the override is no longer called.
+
+**A transaction's last statement can travel with its COMMIT.** The engine ends each of its
+transactions with one statement whose answer it needs only once the transaction has committed
+(the journal: actions.engine.store.append_journal). ``DatabaseWrapper.hold_for_commit`` keeps
+such a statement back; the COMMIT takes it along, in one pipeline, and its rows are handed to
+the caller once committed, before the transaction's ``on_commit`` callbacks run. A statement
+that fails leaves the transaction uncommitted, the error raised from the commit, which Django
+meets by rolling back (as it meets a COMMIT that fails). Nothing may run between the held
+statement and the commit: another statement is refused (``HeldStatementError``), and a rollback
+drops it. The same conditions as the BEGIN's apply; where they fail, nothing is held and the
+caller runs the statement at once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
+from django.db import ProgrammingError
 from django.db.backends.postgresql import base
+from django.db.backends.utils import debug_transaction
 from psycopg.abc import PQGen
 from psycopg.pq import PipelineStatus, TransactionStatus
 
@@ -38,11 +52,17 @@ MAX_PARAMETERS = 65535
 PIPELINES = psycopg.Pipeline.is_supported()
 
 
+class HeldStatementError(ProgrammingError):
+    """A statement run after a transaction's last one was held for its COMMIT."""
+
+
 class Connection(psycopg.Connection[Any]):
     """psycopg's connection, which can leave the BEGIN it sends in a pipeline for the statement
-    after it to take along (``BoundCursor.execute``)."""
+    after it to take along (``BoundCursor.execute``), and hold a transaction's last statement
+    for its COMMIT (``DatabaseWrapper.hold_for_commit``)."""
 
     _begin_with_next = False
+    _held: tuple[str, Sequence[Any], Callable[[list[Any]], None]] | None = None
 
     def _start_query(self) -> PQGen[None]:
         if not self._begin_with_next:
@@ -53,10 +73,21 @@ class Connection(psycopg.Connection[Any]):
             return
         yield from self._exec_command(self._get_tx_start_command())
 
+    def queue_commit(self) -> None:
+        """In a pipeline: queue the transaction's COMMIT, to be answered at the pipeline's sync.
+        (psycopg's ``commit()`` syncs the pipeline at once, and its end syncs again: two waits
+        where one does.)"""
+        with self.lock:
+            self.wait(self._exec_command(b"COMMIT"))
+
 
 class BoundCursor(base.ServerBindingCursor):
     def execute(self, query: Any, params: Any = None, **options: Any) -> Any:
         conn = self.connection  # type: ignore[attr-defined]
+        if isinstance(conn, Connection) and conn._held is not None:
+            raise HeldStatementError(
+                "a statement was run after the transaction's last one was held for its COMMIT"
+            )
         if params is not None and len(params) > MAX_PARAMETERS:
             # Merged here as a client-side cursor merges them, with this connection's adapters;
             # a text with its values in it is not worth preparing.
@@ -96,3 +127,58 @@ class DatabaseWrapper(base.DatabaseWrapper):
         if type(connection) is psycopg.Connection and PIPELINES:
             connection.__class__ = Connection
         return connection
+
+    def hold_for_commit(self, query: str, params: Sequence[Any], then: Callable[[list[Any]], None]) -> bool:
+        """Keep ``query`` back, as the last statement of the transaction open on this connection,
+        to be sent with its COMMIT in one round trip; ``then`` is called with its rows once the
+        transaction has committed, before its ``on_commit`` callbacks. False, holding nothing,
+        where it cannot be: no transaction open that a COMMIT ends (autocommit, inside a
+        savepoint, or a block that does not commit as it ends), a statement held already, or
+        the BEGIN's conditions not met (no pipelines, not the server-binding cursor). The caller
+        then runs it now."""
+        conn = self.connection
+        if not (
+            PIPELINES
+            and isinstance(conn, Connection)
+            and conn._held is None
+            and issubclass(conn.cursor_factory, BoundCursor)
+            and self.in_atomic_block
+            and not self.savepoint_ids  # the outermost atomic block: its end commits
+            and self.commit_on_exit
+            and not self.needs_rollback
+        ):
+            return False
+        conn._held = (query, params, then)
+        return True
+
+    def _commit(self) -> None:
+        conn = self.connection
+        held = conn._held if isinstance(conn, Connection) else None
+        if held is None:
+            return super()._commit()  # type: ignore[misc,no-any-return]
+        conn._held = None
+        query, params, then = held
+        # Django's cursor: the execute wrappers and the debug log see the statement.
+        with debug_transaction(self, "COMMIT"), self.wrap_database_errors, self.cursor() as cursor:
+            conn._begin_with_next = True  # in case it is the transaction's first, too
+            try:
+                with conn.pipeline():
+                    cursor.execute(query, params)
+                    conn.queue_commit()
+            finally:
+                conn._begin_with_next = False
+            rows = cursor.fetchall()
+        then(rows)
+        return None
+
+    def _rollback(self) -> None:
+        conn = self.connection
+        if isinstance(conn, Connection):
+            conn._held = None  # never sent: nothing of it to undo
+        return super()._rollback()  # type: ignore[misc,no-any-return]
+
+    def _close(self) -> None:
+        conn = self.connection
+        if isinstance(conn, Connection):
+            conn._held = None
+        return super()._close()  # type: ignore[misc,no-any-return]
