@@ -481,12 +481,27 @@ def test_on_postgresql_a_transactions_last_statement_can_travel_with_its_commit(
             ended_with("SELECT 1 / %s", [0], before=3)
         assert happened == [] and other.connection.pgconn.transaction_status == TransactionStatus.IDLE
 
-        # A statement after it is refused, not reordered.
+        # A statement after it is refused, not reordered, however it is run.
         with pytest.raises(HeldStatementError), transaction.atomic(using=alias):
             insert(4)
             assert other.hold_for_commit("INSERT INTO counted (n) VALUES (%s)", [5], happened.append)
             insert(6)
+        with pytest.raises(HeldStatementError), transaction.atomic(using=alias):
+            insert(4)
+            assert other.hold_for_commit("INSERT INTO counted (n) VALUES (%s)", [5], happened.append)
+            with other.cursor() as cursor:
+                cursor.executemany("INSERT INTO counted (n) VALUES (%s)", [[6], [7]])
         assert happened == []
+
+        # Committed, it stays committed, and its callbacks run, if what is given its rows fails.
+        def fails(rows: list[Any]) -> None:
+            raise RuntimeError("numbering failed")
+
+        with transaction.atomic(using=alias):
+            insert(3)
+            transaction.on_commit(lambda: happened.append("on_commit"), using=alias)
+            assert other.hold_for_commit("INSERT INTO counted (n) VALUES (%s)", [4], fails)
+        assert happened == ["on_commit"]
 
         # Where no COMMIT follows at once, nothing is held: the caller runs it.
         assert not other.hold_for_commit("SELECT %s", [1], happened.append)  # autocommit
@@ -494,9 +509,11 @@ def test_on_postgresql_a_transactions_last_statement_can_travel_with_its_commit(
             insert(7)
             with transaction.atomic(using=alias):  # a savepoint
                 assert not other.hold_for_commit("SELECT %s", [1], happened.append)
+            with transaction.atomic(using=alias, savepoint=False):  # its end commits nothing
+                assert not other.hold_for_commit("SELECT %s", [1], happened.append)
         with other.cursor() as cursor:
             cursor.execute("SELECT n FROM counted ORDER BY n")
-            assert cursor.fetchall() == [(1,), (2,), (7,)]
+            assert cursor.fetchall() == [(1,), (2,), (3,), (4,), (7,)]
     finally:
         other.close()
         del connections[alias]
@@ -588,8 +605,9 @@ def test_on_postgresql_a_decision_whose_journal_fails_with_its_commit_changes_an
         # A detail PostgreSQL's jsonb refuses (a NUL), in the decision's event: its journal fails.
         record = audit.decision_record
         monkeypatch.setattr(audit, "decision_record", lambda *args: "refused\x00")
-        with pytest.raises(DataError):
+        with pytest.raises(DataError) as failed:
             engine.resume(interrupt, {"approved": True}, None)
+        assert any(entry.name == "_commit" for entry in failed.traceback)  # raised by the commit
         assert connection.connection.pgconn.transaction_status == TransactionStatus.IDLE  # rolled back
         assert announced == []
         assert [it.pk for it in engine.pending_interrupts(run.pk)] == [interrupt.pk]

@@ -18,8 +18,9 @@ back as before. Only the first statement of a transaction, when it has values, i
 other, anything sent while the connection is already in a pipeline, and everything with
 ``DB_PREPARED_STATEMENTS=false`` (Django's client-side cursor) or a libpq older than 14 (no
 pipelines) goes as psycopg sends it. This overrides a private method of psycopg's
-(``Connection._start_query``): requirements.in holds psycopg below its next minor release, and
-tests/test_store.py fails if the override is no longer called.
+(``Connection._start_query``) and calls another (``_exec_command``): requirements.in holds
+psycopg below its next minor release, and tests/test_store.py fails if the override is no
+longer called.
 
 **A transaction's last statement can travel with its COMMIT.** The engine ends each of its
 transactions with one statement whose answer it needs only once the transaction has committed
@@ -28,13 +29,15 @@ such a statement back; the COMMIT takes it along, in one pipeline, and its rows 
 the caller once committed, before the transaction's ``on_commit`` callbacks run. A statement
 that fails leaves the transaction uncommitted, the error raised from the commit, which Django
 meets by rolling back (as it meets a COMMIT that fails). Nothing may run between the held
-statement and the commit: another statement is refused (``HeldStatementError``), and a rollback
-drops it. The same conditions as the BEGIN's apply; where they fail, nothing is held and the
-caller runs the statement at once.
+statement and the commit: another statement, however it is run, is refused
+(``HeldStatementError``), and a rollback or a closed connection drops it. The same conditions
+as the BEGIN's apply; where they fail, nothing is held and the caller runs the statement at
+once.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,6 +47,8 @@ from django.db.backends.postgresql import base
 from django.db.backends.utils import debug_transaction
 from psycopg.abc import PQGen
 from psycopg.pq import PipelineStatus, TransactionStatus
+
+logger = logging.getLogger(__name__)
 
 # The most values one statement can carry as parameters (the Bind message counts them in 16 bits).
 MAX_PARAMETERS = 65535
@@ -65,6 +70,12 @@ class Connection(psycopg.Connection[Any]):
     _held: tuple[str, Sequence[Any], Callable[[list[Any]], None]] | None = None
 
     def _start_query(self) -> PQGen[None]:
+        # Every statement starts here, whatever runs it (execute, executemany, copy, stream, a
+        # named cursor): none may go before the one held for the COMMIT (cleared as it is sent).
+        if self._held is not None:
+            raise HeldStatementError(
+                "a statement was run after the transaction's last one was held for its COMMIT"
+            )
         if not self._begin_with_next:
             yield from super()._start_query()
             return
@@ -84,10 +95,6 @@ class Connection(psycopg.Connection[Any]):
 class BoundCursor(base.ServerBindingCursor):
     def execute(self, query: Any, params: Any = None, **options: Any) -> Any:
         conn = self.connection  # type: ignore[attr-defined]
-        if isinstance(conn, Connection) and conn._held is not None:
-            raise HeldStatementError(
-                "a statement was run after the transaction's last one was held for its COMMIT"
-            )
         if params is not None and len(params) > MAX_PARAMETERS:
             # Merged here as a client-side cursor merges them, with this connection's adapters;
             # a text with its values in it is not worth preparing.
@@ -158,8 +165,11 @@ class DatabaseWrapper(base.DatabaseWrapper):
             return super()._commit()  # type: ignore[misc,no-any-return]
         conn._held = None
         query, params, then = held
-        # Django's cursor: the execute wrappers and the debug log see the statement.
-        with debug_transaction(self, "COMMIT"), self.wrap_database_errors, self.cursor() as cursor:
+        # Django's cursor, so that the execute wrappers and the debug log see the statement, but
+        # made on this connection as it is: cursor() could check its health and, finding it
+        # broken, open another in autocommit, where the statement would commit alone.
+        cursor = self._prepare_cursor(self.create_cursor())  # type: ignore[attr-defined]
+        with debug_transaction(self, "COMMIT"), self.wrap_database_errors, cursor:
             conn._begin_with_next = True  # in case it is the transaction's first, too
             try:
                 with conn.pipeline():
@@ -167,8 +177,14 @@ class DatabaseWrapper(base.DatabaseWrapper):
                     conn.queue_commit()
             finally:
                 conn._begin_with_next = False
-            rows = cursor.fetchall()
-        then(rows)
+            # Committed now: reading its rows must not fail (a statement may return none).
+            rows = cursor.fetchall() if cursor.description is not None else []
+        try:
+            then(rows)
+        except Exception:
+            # Committed: raising now would leave the transaction's on_commit callbacks to run
+            # after the next one's. What failed is the caller's, told here.
+            logger.exception("the work given the rows of a transaction's last statement failed")
         return None
 
     def _rollback(self) -> None:
