@@ -519,6 +519,16 @@ def test_on_postgresql_a_transactions_last_statement_can_travel_with_its_commit(
         del connections[alias]
 
 
+def approved_cycle(team: Team, amount: int) -> Run:
+    """A run that pauses once and is approved (as bench.engine_throughput runs it)."""
+    from actions import engine
+
+    run = engine.start_run("transfer_funds", {"amount": amount, "to": "DE12"}, team, None)
+    (interrupt,) = engine.pending_interrupts(run.pk)
+    engine.resume(interrupt, {"approved": True}, None)
+    return run
+
+
 @pytest.mark.django_db(transaction=True)  # the engine's transactions commit
 def test_on_postgresql_an_engine_cycle_makes_fourteen_round_trips(
     database: str, team: Team, settings: Any
@@ -531,7 +541,6 @@ def test_on_postgresql_an_engine_cycle_makes_fourteen_round_trips(
     from django.db import connection
     from psycopg.pq import Trace
 
-    from actions import engine
     from actions.engine import audit, journal
     from actions.models import InboxStream
 
@@ -539,14 +548,8 @@ def test_on_postgresql_an_engine_cycle_makes_fourteen_round_trips(
         assert database == "sqlite"
         return
 
-    def cycle(amount: int) -> Run:
-        run = engine.start_run("transfer_funds", {"amount": amount, "to": "DE12"}, team, None)
-        (interrupt,) = engine.pending_interrupts(run.pk)
-        engine.resume(interrupt, {"approved": True}, None)
-        return run
-
     settings.GRUNDLAG_INLINE_STEPS = True
-    cycle(10)  # the process's caches filled
+    approved_cycle(team, 10)  # the process's caches filled
     announced: list[int] = []
 
     def heard(sender: Any, changes: list[journal.InboxChange], **kwargs: Any) -> None:
@@ -559,7 +562,7 @@ def test_on_postgresql_an_engine_cycle_makes_fourteen_round_trips(
             pgconn.trace(trace.fileno())
             pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS | Trace.REGRESS_MODE)
             try:
-                run = cycle(20)
+                run = approved_cycle(team, 20)
             finally:
                 pgconn.untrace()
             trace.seek(0)
@@ -631,22 +634,14 @@ def test_an_engine_cycle_runs_the_statements_it_needs_and_no_more(
     """A run that pauses once and is approved, its steps inline (as bench.engine_throughput
     runs it): its statements, counted, so that one more on the engine's path is a decision
     (bench/RESULTS.md has what each costs), not an accident. Each transaction adds a BEGIN and
-    a COMMIT, on PostgreSQL in the round trips of its first statement and its own."""
+    a COMMIT, on PostgreSQL in the round trips of its first statement and its last."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from actions import engine
-
-    def cycle(amount: int) -> Run:
-        run = engine.start_run("transfer_funds", {"amount": amount, "to": "DE12"}, team, None)
-        (interrupt,) = engine.pending_interrupts(run.pk)
-        engine.resume(interrupt, {"approved": True}, None)
-        return run
-
     settings.GRUNDLAG_INLINE_STEPS = True
-    cycle(10)  # the process's caches (a team's slug for the metrics, ...) filled
+    approved_cycle(team, 10)  # the process's caches (a team's slug for the metrics, ...) filled
     with CaptureQueriesContext(connection) as queries:
-        run = cycle(20)
+        run = approved_cycle(team, 20)
     run.refresh_from_db()
     assert run.status == "completed"
     # The test's own transaction makes each of the engine's a savepoint: not counted.
