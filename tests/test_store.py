@@ -418,7 +418,9 @@ def test_on_postgresql_a_transactions_begin_travels_with_its_first_statement(dat
         other.close()
 
 
-def test_on_postgresql_a_transactions_last_statement_can_travel_with_its_commit(database: str) -> None:
+def test_on_postgresql_a_transactions_last_statement_can_travel_with_its_commit(
+    database: str, caplog: Any
+) -> None:
     """The statement a transaction ends with, held (hold_for_commit), goes with the COMMIT in
     one round trip; its rows reach the caller once committed, before the on_commit callbacks.
     If it fails, nothing of the transaction is committed and nothing announced; nothing runs
@@ -501,7 +503,7 @@ def test_on_postgresql_a_transactions_last_statement_can_travel_with_its_commit(
             insert(3)
             transaction.on_commit(lambda: happened.append("on_commit"), using=alias)
             assert other.hold_for_commit("INSERT INTO counted (n) VALUES (%s)", [4], fails)
-        assert happened == ["on_commit"]
+        assert happened == ["on_commit"] and "numbering failed" in caplog.text  # told, not raised
 
         # Where no COMMIT follows at once, nothing is held: the caller runs it.
         assert not other.hold_for_commit("SELECT %s", [1], happened.append)  # autocommit

@@ -3,10 +3,10 @@
 An engine change runs in ``atomic()``. Its audit events are collected as it goes and written
 as it ends, in the same transaction: one INSERT on SQLite, one call of the server's
 ``grundlag_append_journal`` on PostgreSQL (with the inbox streams' numbers), sent with the
-transaction's COMMIT where it can be. What changed is
-announced after it commits (a rolled-back change tells no one anything), as the signals ``team_changed`` and
-``run_changed``: actions.live pushes them to open pages and wakes the requests waiting on them;
-actions.notify tells whom they concern.
+transaction's COMMIT where it can be. What changed is announced after it commits (a
+rolled-back change tells no one anything), as the signals ``team_changed`` and ``run_changed``:
+actions.live pushes them to open pages and wakes the requests waiting on them; actions.notify
+tells whom they concern.
 """
 
 from __future__ import annotations
