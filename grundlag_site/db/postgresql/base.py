@@ -38,7 +38,8 @@ once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -84,6 +85,21 @@ class Connection(psycopg.Connection[Any]):
             return
         yield from self._exec_command(self._get_tx_start_command())
 
+    @contextmanager
+    def pipeline_taking_begin(self) -> Iterator[None]:
+        """A pipeline whose first statement takes the transaction's BEGIN along, if one is to
+        be sent (no sync, and no wait, between them)."""
+        self._begin_with_next = True
+        try:
+            with self.pipeline():
+                yield
+        finally:
+            self._begin_with_next = False
+
+    def forget_held(self) -> None:
+        """Drop the statement held for the COMMIT, never sent (a rollback, a close)."""
+        self._held = None
+
     def queue_commit(self) -> None:
         """In a pipeline: queue the transaction's COMMIT, to be answered at the pipeline's sync.
         (psycopg's ``commit()`` syncs the pipeline at once, and its end syncs again: two waits
@@ -111,12 +127,8 @@ class BoundCursor(base.ServerBindingCursor):
         ):
             return super().execute(query, params, **options)  # type: ignore[misc]
         # The transaction's first statement: its BEGIN and it in one round trip.
-        conn._begin_with_next = True
-        try:
-            with conn.pipeline():
-                super().execute(query, params, **options)  # type: ignore[misc]
-        finally:
-            conn._begin_with_next = False
+        with conn.pipeline_taking_begin():
+            super().execute(query, params, **options)  # type: ignore[misc]
         return self
 
 
@@ -170,13 +182,9 @@ class DatabaseWrapper(base.DatabaseWrapper):
         # broken, open another in autocommit, where the statement would commit alone.
         cursor = self._prepare_cursor(self.create_cursor())  # type: ignore[attr-defined]
         with debug_transaction(self, "COMMIT"), self.wrap_database_errors, cursor:
-            conn._begin_with_next = True  # in case it is the transaction's first, too
-            try:
-                with conn.pipeline():
-                    cursor.execute(query, params)
-                    conn.queue_commit()
-            finally:
-                conn._begin_with_next = False
+            with conn.pipeline_taking_begin():  # in case it is the transaction's first, too
+                cursor.execute(query, params)
+                conn.queue_commit()
             # Committed now: reading its rows must not fail (a statement may return none).
             rows = cursor.fetchall() if cursor.description is not None else []
         try:
@@ -188,13 +196,11 @@ class DatabaseWrapper(base.DatabaseWrapper):
         return None
 
     def _rollback(self) -> None:
-        conn = self.connection
-        if isinstance(conn, Connection):
-            conn._held = None  # never sent: nothing of it to undo
+        if isinstance(self.connection, Connection):
+            self.connection.forget_held()
         return super()._rollback()  # type: ignore[misc,no-any-return]
 
     def _close(self) -> None:
-        conn = self.connection
-        if isinstance(conn, Connection):
-            conn._held = None
+        if isinstance(self.connection, Connection):
+            self.connection.forget_held()
         return super()._close()  # type: ignore[misc,no-any-return]
